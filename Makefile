@@ -1,0 +1,43 @@
+# Two commands set everything up on a fresh machine:
+#   make train   creates .venv, installs hetrl, trains CartPole-v1 locally (the default run)
+#   make test    creates .venv, installs hetrl with its test tools, runs lint and the tests
+#
+# torch: TORCH pins the CPU build this project is developed against. Where plain PyPI would
+# hand you a multi-GB CUDA build you do not want, point pip at PyTorch's CPU wheels:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# On a GPU host, install the torch you want first; any torch >= 2.1 satisfies hetrl.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+PIP_FLAGS ?= --disable-pip-version-check --no-input
+PYTEST_ARGS ?=
+
+.PHONY: setup train test lint bench protos clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install $(PIP_FLAGS) -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,mujoco,atari]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+train: setup
+	$(VENV)/bin/hetrl local --env CartPole-v1 --workers 2 --envs-per-worker 8 \
+		--total-steps 300000 --seed 1 --out runs/cartpole
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+protos: setup
+	$(PY) -m protos.generate
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

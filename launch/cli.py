@@ -1,0 +1,65 @@
+"""The `hetrl` command. Subcommands and flags are generated from the settings dataclasses
+(one per role), so each flag is documented once, where its field is defined."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import tyro
+
+from launch.settings import LocalSettings
+from learner.settings import LearnerSettings
+from rollout.errors import HetrlError
+from rollout.settings import WorkerSettings
+
+
+def _local(settings: LocalSettings) -> int:
+    from launch.local import run_local
+
+    result = run_local(settings)
+    if result.ok:
+        print(f"hetrl: done; model and metrics in {result.out}", file=sys.stderr)
+    return result.exit_code
+
+
+def _worker(settings: WorkerSettings) -> int:
+    from rollout.worker import run_worker
+
+    return run_worker(settings)
+
+
+def _learner(settings: LearnerSettings) -> int:
+    from learner.learner import run_learner
+
+    return run_learner(settings)
+
+
+COMMANDS = {
+    "local": (LocalSettings, _local),
+    "worker": (WorkerSettings, _worker),
+    "learner": (LearnerSettings, _learner),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        settings = tyro.extras.subcommand_cli_from_dict(
+            {name: cls for name, (cls, _) in COMMANDS.items()},
+            prog="hetrl",
+            description="Distributed RL: env workers on CPUs stream to a learner over gRPC.",
+            args=args,
+        )
+        for _, (cls, run) in COMMANDS.items():
+            if type(settings) is cls:
+                return run(settings)
+        raise AssertionError(f"no command for {type(settings).__name__}")
+    except HetrlError as exc:
+        print(f"hetrl: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""`hetrl local` and `launch.run_local`: workers and a learner as processes on one machine.
+
+The launcher checks the settings and the env before spawning anything, starts the
+workers (each binds a free loopback port and reports it in a ready file), starts the
+learner with their addresses, and supervises: the run succeeds when the learner exits
+0 and every worker then exits 0. A child that fails, Ctrl-C or SIGTERM stops every
+child (SIGTERM, then SIGKILL after a grace) and the launcher exits non-zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launch.processes import Child, child_environment, spawn, stop_all, wait_all, wait_ready_file
+from launch.settings import LocalSettings
+from learner.settings import LearnerSettings
+from rollout.envs import describe_env
+from rollout.errors import ChildFailedError, ConfigError
+from rollout.settings import WorkerSettings, pick
+from rollout.transport import new_token
+
+log = logging.getLogger("hetrl.launch")
+
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a local run produced."""
+
+    exit_code: int
+    out: Path
+    summary: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def model_path(self) -> Path:
+        return self.out / "model.safetensors"
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _env_name(env: Any) -> str:
+    """Accept an env class or factory as well as a string, as `module:qualname`."""
+    if isinstance(env, str):
+        return env
+    module, name = getattr(env, "__module__", None), getattr(env, "__qualname__", None)
+    if not module or not name or module == "__main__" or "<locals>" in name:
+        raise ConfigError(
+            f"{env!r} must live in an importable module (not __main__ or a function body): "
+            "worker processes import it by name. Move it to my_pkg/my_mod.py and pass "
+            "env='my_pkg.my_mod:MyEnv'."
+        )
+    return f"{module}:{name}"
+
+
+def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunResult:
+    """Train locally: workers and a learner as separate processes over loopback gRPC.
+
+    Args:
+        settings: a LocalSettings; or leave it out and pass its fields as keywords,
+            e.g. run_local(env="my_pkg.envs:Maze", workers=2, total_steps=100_000).
+            `env` may also be the env class itself if it lives in an importable module.
+
+    Returns:
+        RunResult with the exit code, the output directory and the learner's summary.
+
+    Raises:
+        ConfigError, EnvError: bad settings or an env that cannot be made, before any
+            process starts.
+    """
+    if "env" in overrides:
+        overrides["env"] = _env_name(overrides["env"])
+    if settings is None:
+        try:
+            settings = LocalSettings(**overrides)
+        except TypeError as exc:
+            raise ConfigError(f"run_local: {exc}") from exc
+    elif overrides:
+        settings = dataclasses.replace(settings, **overrides)
+    describe_env(settings)  # fail here, before anything is spawned
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    code = _supervise(settings, out / "launch")
+    summary_path = out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return RunResult(code, out, summary)
+
+
+def _supervise(settings: LocalSettings, run_dir: Path) -> int:
+    env = child_environment(new_token())
+    children: list[Child] = []
+
+    def on_signal(signum, _frame):
+        raise _Interrupted(signum)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    in_main = _is_main_thread()
+    if in_main:
+        for s in previous:
+            signal.signal(s, on_signal)
+    try:
+        addresses = []
+        for i in range(settings.workers):
+            ready = run_dir / f"worker-{i}.ready"
+            ready.unlink(missing_ok=True)
+            worker = pick(WorkerSettings, settings, worker_id=i, host="127.0.0.1", port=0,
+                          ready_file=str(ready))
+            children.append(spawn(f"worker-{i}", "rollout.worker", worker, run_dir, env))
+        for i, child in enumerate(children):
+            addresses.append(
+                wait_ready_file(child, run_dir / f"worker-{i}.ready", settings.startup_timeout)
+            )
+        learner_settings = pick(LearnerSettings, settings, worker_addresses=tuple(addresses))
+        learner = spawn("learner", "learner.learner", learner_settings, run_dir, env,
+                        log_to_file=False)
+        children.append(learner)
+        return _watch(children, learner, settings)
+    except _Interrupted as exc:
+        print(f"\nhetrl: {exc} received; stopping all processes", file=sys.stderr)
+        stop_all(children, settings.shutdown_grace)
+        return EXIT_INTERRUPTED
+    except ChildFailedError as exc:
+        print(f"hetrl: {exc}", file=sys.stderr)
+        stop_all(children, settings.shutdown_grace)
+        return EXIT_ERROR
+    finally:
+        stop_all(children, settings.shutdown_grace)  # no-op when all have exited
+        if in_main:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def _watch(children: list[Child], learner: Child, settings: LocalSettings) -> int:
+    workers = [c for c in children if c is not learner]
+    while True:
+        code = learner.exit_code()
+        if code is not None:
+            if code != 0:
+                raise ChildFailedError(f"the learner exited with code {code}; see its output above")
+            if not wait_all(workers, settings.shutdown_grace):
+                raise ChildFailedError("workers did not exit after the learner stopped them")
+            failed = [w for w in workers if w.exit_code() != 0]
+            if failed:
+                raise ChildFailedError(
+                    f"{failed[0].name} exited with code {failed[0].exit_code()}:\n"
+                    f"{failed[0].log_tail()}"
+                )
+            return EXIT_OK
+        for worker in workers:
+            # Exit 0 is a worker the learner (or an operator) stopped; the learner
+            # carries on with the others or reports that none is left.
+            if worker.exit_code() not in (None, 0):
+                raise ChildFailedError(
+                    f"{worker.name} exited with code {worker.exit_code()} during training:\n"
+                    f"{worker.log_tail()}"
+                )
+        time.sleep(0.1)
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

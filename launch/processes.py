@@ -1,0 +1,131 @@
+"""Start hetrl roles as child processes and make sure none outlives the launcher.
+
+Children are plain `python -m <module> SETTINGS_JSON` processes (settings as JSON, never
+pickle), with the shared token in their environment, their logs in files, and
+PR_SET_PDEATHSIG so the kernel stops them if the launcher dies without cleaning up.
+`stop_all` sends SIGTERM, waits a bounded grace, then SIGKILLs what is left.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rollout.errors import ChildFailedError
+from rollout.settings import to_json
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclasses.dataclass
+class Child:
+    """A started role process."""
+
+    name: str
+    process: subprocess.Popen
+    log_path: Path | None
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+    def log_tail(self, lines: int = 25) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def child_environment(token: str) -> dict[str, str]:
+    """The parent's environment, plus the token and the parent's import path (so a
+    user's env module importable here is importable in the children)."""
+    env = dict(os.environ)
+    env["HETRL_TOKEN"] = token
+    paths = [p for p in sys.path if p and Path(p).exists()]
+    env["PYTHONPATH"] = os.pathsep.join([str(Path.cwd()), *paths])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def spawn(
+    name: str, module: str, settings: object, run_dir: Path, env: dict[str, str],
+    log_to_file: bool = True,
+) -> Child:
+    """Start `python -m module settings.json` with its output in run_dir/logs/name.log."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = run_dir / f"{name}.json"
+    config.write_text(to_json(settings))
+    log_path = run_dir / "logs" / f"{name}.log" if log_to_file else None
+    stdout = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        stdout = log_path.open("ab")
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, str(config)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=subprocess.STDOUT if stdout else None,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - single-threaded launcher
+    )
+    if stdout is not None:
+        stdout.close()
+    return Child(name, process, log_path)
+
+
+def wait_ready_file(child: Child, path: Path, timeout: float) -> str:
+    """Wait for a worker's ready file; return its address.
+
+    Raises:
+        ChildFailedError: the child exited first, or the timeout passed.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())["address"]
+        code = child.exit_code()
+        if code is not None:
+            raise ChildFailedError(
+                f"{child.name} exited with code {code} before it was ready:\n{child.log_tail()}"
+            )
+        time.sleep(0.05)
+    raise ChildFailedError(
+        f"{child.name} was not ready within {timeout:.0f} s (--startup-timeout):\n"
+        f"{child.log_tail()}"
+    )
+
+
+def stop_all(children: list[Child], grace: float) -> None:
+    """SIGTERM every running child, wait up to `grace` s, then SIGKILL the rest."""
+    for child in children:
+        if child.exit_code() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for child in children:
+        try:
+            child.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait(5.0)
+
+
+def wait_all(children: list[Child], timeout: float) -> bool:
+    """Wait up to `timeout` s for every child to exit by itself; True if all did."""
+    deadline = time.monotonic() + timeout
+    for child in children:
+        try:
+            child.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return False
+    return True

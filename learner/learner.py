@@ -1,0 +1,303 @@
+"""The learner process: train from every worker's stream until the step budget is spent.
+
+Lifecycle: connect to all workers (each stream retries for `connect_timeout`), then
+loop { take `fragments_per_batch` fragments off the fan-in queue, drop and count those
+older than `max_policy_lag`, one APPO update, push the new weights to every worker }.
+At the end, on a signal, or on an error, it sends Stop to every worker, saves the model
+as safetensors and a summary, and returns an exit code. It never spawns processes.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import queue
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.numpy import save_file
+
+from learner.connections import StreamFailure, StreamSpec, WorkerStream
+from learner.metrics import MetricsWriter
+from learner.ppo import Batch, ppo_update
+from learner.settings import LearnerSettings
+from protos import hetrl_pb2
+from rollout import wire
+from rollout.envs import describe_env
+from rollout.errors import HetrlError, ProtocolError, WorkerLostError
+from rollout.fragments import Fragment
+from rollout.policy import Policy, action_dtype, policy_arrays
+from rollout.settings import to_json
+from rollout.transport import token_from_env
+
+log = logging.getLogger("hetrl.learner")
+
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 0
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Learner:
+    """Owns the policy, the optimizer, the worker streams and the metrics of one run."""
+
+    def __init__(self, settings: LearnerSettings, token: str) -> None:
+        self.settings = settings
+        torch.set_num_threads(settings.learner_torch_threads)
+        torch.manual_seed(settings.seed)
+        self.device = resolve_device(settings.device)
+        description = describe_env(settings)
+        obs_space, act_space = description.observation_space, description.action_space
+        self.policy = Policy(obs_space, act_space, settings).to(self.device)
+        self.optimizer = torch.optim.Adam(
+            self.policy.parameters(), lr=settings.learning_rate, eps=1e-5
+        )
+        self.version = 0
+        self.global_step = 0
+        self.out = Path(settings.out)
+        self.spec = StreamSpec(
+            env=settings.env,
+            observation_space=str(obs_space),
+            action_space=str(act_space),
+            obs_shape=tuple(obs_space.shape),
+            obs_dtype=np.dtype(obs_space.dtype),
+            action_shape=tuple(act_space.shape or ()),
+            action_dtype=action_dtype(act_space),
+        )
+        # Bounded in practice by the credits: each worker holds at most
+        # credits_per_worker fragments in flight, plus one failure notice per stream.
+        self.fan_in: queue.Queue = queue.Queue()
+        weights = self._weights_message()
+        self.streams = [
+            WorkerStream(address, token, self.spec, self.fan_in, weights,
+                         settings.credits_per_worker, settings.connect_timeout)
+            for address in settings.worker_addresses
+        ]
+        self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
+        self.episodes = 0
+        self.dropped_lag = 0
+        self.lag_histogram: collections.Counter[int] = collections.Counter()
+        self.wait_seconds = 0.0
+        self.train_seconds = 0.0
+        self._stop_reason: str | None = None
+
+    def request_stop(self, reason: str) -> None:
+        self._stop_reason = reason
+
+    def _weights_message(self) -> hetrl_pb2.Weights:
+        return hetrl_pb2.Weights(
+            version=self.version, arrays=wire.encode_named(policy_arrays(self.policy))
+        )
+
+    # -- main loop -----------------------------------------------------------------
+    def run(self) -> int:
+        s = self.settings
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "settings.json").write_text(to_json(s))
+        metrics = MetricsWriter(self.out, progress=s.progress)
+        for stream in self.streams:
+            stream.start()
+        code, outcome = EXIT_OK, "finished"
+        try:
+            while self.global_step < s.total_steps and self._stop_reason is None:
+                batch = self._next_batch(metrics)
+                if batch is None:
+                    break
+                self._train(batch, metrics)
+            if self._stop_reason is not None:
+                outcome, code = f"stopped: {self._stop_reason}", EXIT_INTERRUPTED
+        except HetrlError as exc:
+            outcome, code = f"failed: {exc}", EXIT_ERROR
+            log.error("%s", exc)
+        finally:
+            self._stop_workers(outcome)
+            self._save(outcome, metrics)
+            metrics.close()
+        return code
+
+    def _next_batch(self, metrics: MetricsWriter) -> list[Fragment] | None:
+        s = self.settings
+        batch: list[Fragment] = []
+        wait_start = time.perf_counter()
+        while len(batch) < s.fragments_per_batch:
+            if self._stop_reason is not None:
+                return None
+            try:
+                item = self.fan_in.get(timeout=0.5)
+            except queue.Empty:
+                if not any(stream.alive for stream in self.streams):
+                    raise WorkerLostError(
+                        "every worker stream has ended; nothing to train on"
+                    ) from None
+                continue
+            if isinstance(item, StreamFailure):
+                self._on_stream_failure(item)
+                continue
+            stream, fragment = item
+            stream.return_credit()  # the worker may start its next fragment now
+            self.global_step += fragment.steps
+            self._count_episodes(fragment)
+            lag = self.version - fragment.policy_version
+            self.lag_histogram[lag] += 1
+            if lag > s.max_policy_lag:
+                self.dropped_lag += 1
+                log.warning("dropped a fragment %d updates old (--max-policy-lag %d)",
+                            lag, s.max_policy_lag)
+                continue
+            batch.append(fragment)
+        self.wait_seconds += time.perf_counter() - wait_start
+        return batch
+
+    def _on_stream_failure(self, failure: StreamFailure) -> None:
+        if isinstance(failure.error, ProtocolError):
+            raise failure.error
+        log.error("lost worker %s: %s", failure.address, failure.error)
+        if not any(stream.alive for stream in self.streams):
+            raise WorkerLostError(f"every worker is gone; the last: {failure.error}")
+
+    def _count_episodes(self, fragment: Fragment) -> None:
+        returns = fragment.arrays.episode_returns
+        self.recent_returns.extend(returns.tolist())
+        self.episodes += len(returns)
+
+    def _to_batch(self, frags: list[Fragment]) -> Batch:
+        def stack(name: str) -> torch.Tensor:
+            array = np.concatenate([getattr(f.arrays, name) for f in frags], axis=1)
+            return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+        return Batch(
+            obs=stack("observations"),
+            actions=stack("actions"),
+            logprobs=stack("logprobs"),
+            rewards=stack("rewards"),
+            terminated=stack("terminated"),
+            truncated=stack("truncated"),
+            valid=stack("valid"),
+        )
+
+    def _train(self, frags: list[Fragment], metrics: MetricsWriter) -> None:
+        s = self.settings
+        train_start = time.perf_counter()
+        if s.anneal_lr:
+            frac = max(0.0, 1.0 - self.global_step / s.total_steps)
+            self.optimizer.param_groups[0]["lr"] = frac * s.learning_rate
+        stats = ppo_update(self.policy, self.optimizer, self._to_batch(frags), s)
+        self.version += 1
+        weights = self._weights_message()
+        for stream in self.streams:
+            stream.push_weights(weights)
+        self.train_seconds += time.perf_counter() - train_start
+
+        lags = [self.version - 1 - f.policy_version for f in frags]
+        episode_returns = np.concatenate([f.arrays.episode_returns for f in frags])
+        episode_lengths = np.concatenate([f.arrays.episode_lengths for f in frags])
+        wall = metrics.wall_seconds
+        busy = self.wait_seconds + self.train_seconds
+        stats.update({
+            "charts/SPS": self.global_step / max(wall, 1e-9),
+            "charts/learning_rate": self.optimizer.param_groups[0]["lr"],
+            "charts/policy_version": float(self.version),
+            "charts/policy_lag": float(np.mean(lags)),
+            "charts/policy_lag_max": float(np.max(lags)),
+            "charts/fragments_dropped_lag": float(self.dropped_lag),
+            "charts/episodes": float(self.episodes),
+            "charts/learner_wait_fraction": self.wait_seconds / max(busy, 1e-9),
+            "charts/worker_wait_seconds": float(np.mean([f.wait_seconds for f in frags])),
+        })
+        if len(episode_returns):
+            stats["charts/episodic_return"] = float(episode_returns.mean())
+            stats["charts/episodic_length"] = float(episode_lengths.mean())
+        if self.recent_returns:
+            stats["charts/mean_return_100"] = float(np.mean(self.recent_returns))
+        metrics.log(self.global_step, stats)
+        metrics.progress(self._progress_line(stats))
+
+    def _progress_line(self, stats: dict[str, float]) -> str:
+        mean = stats.get("charts/mean_return_100", float("nan"))
+        return (
+            f"step {self.global_step:>10,}/{self.settings.total_steps:,} | "
+            f"{stats['charts/SPS']:>7,.0f} SPS | return(100) {mean:8.1f} | "
+            f"lag {stats['charts/policy_lag']:.1f} | dropped {self.dropped_lag}"
+        )
+
+    # -- shutdown ------------------------------------------------------------------
+    def _stop_workers(self, reason: str) -> None:
+        threads = [
+            threading.Thread(target=stream.stop, args=(reason,), name="stop-worker")
+            for stream in self.streams
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(15.0)
+
+    def _save(self, outcome: str, metrics: MetricsWriter) -> None:
+        arrays = policy_arrays(self.policy)
+        tmp = self.out / "model.safetensors.tmp"
+        save_file(arrays, str(tmp), metadata={
+            "env": self.settings.env,
+            "policy_version": str(self.version),
+            "global_step": str(self.global_step),
+        })
+        tmp.replace(self.out / "model.safetensors")
+        summary = {
+            "outcome": outcome,
+            "env": self.settings.env,
+            "global_step": self.global_step,
+            "policy_version": self.version,
+            "wall_seconds": round(metrics.wall_seconds, 2),
+            "episodes": self.episodes,
+            "mean_return_100": float(np.mean(self.recent_returns)) if self.recent_returns else None,
+            "fragments_dropped_lag": self.dropped_lag,
+            "fragments_malformed": sum(s.fragments_malformed for s in self.streams),
+            "sequence_gaps": sum(s.sequence_gaps for s in self.streams),
+            "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_histogram.items())},
+            "learner_wait_seconds": round(self.wait_seconds, 3),
+            "learner_train_seconds": round(self.train_seconds, 3),
+            "workers": [s.address for s in self.streams],
+        }
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        metrics.progress(
+            f"{outcome}: {self.global_step:,} steps in {metrics.wall_seconds:.1f} s, "
+            f"mean return(100) {summary['mean_return_100']}", force=True,
+        )
+
+
+def run_learner(settings: LearnerSettings, token: str | None = None) -> int:
+    """Train until done; return the process exit code. Signals stop it gracefully."""
+    learner = Learner(settings, token or token_from_env())
+
+    def on_signal(signum, _frame):
+        learner.request_stop(f"signal {signal.Signals(signum).name}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    return learner.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m learner.learner SETTINGS_JSON`: the launcher's way to start a learner."""
+    import sys
+
+    from rollout.settings import from_json
+
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return run_learner(from_json(LearnerSettings, Path(argv[0]).read_text()))
+    except HetrlError as exc:
+        log.error("%s", exc)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""One APPO update: PPO's clipped objective against the behaviour policy, with V-trace
+value targets, on a batch of fragments. Readable top to bottom, CleanRL style.
+
+The batch is time-major: obs [T+1, B, ...], the rest [T, B]. Ratios are taken against
+the behaviour log-probs the workers sent, so experience from slightly older weights is
+corrected rather than trusted. Only `valid` steps are trained on. No I/O here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+from torch import nn
+
+from learner.settings import TrainSettings
+from learner.vtrace import vtrace
+from rollout.policy import Policy
+
+
+@dataclasses.dataclass
+class Batch:
+    """Training tensors on the learner's device."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    valid: torch.Tensor
+
+
+def explained_variance(pred: np.ndarray, target: np.ndarray) -> float:
+    var = np.var(target)
+    return float("nan") if var == 0 else float(1 - np.var(target - pred) / var)
+
+
+def ppo_update(
+    policy: Policy, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainSettings
+) -> dict[str, float]:
+    """Train on one batch for cfg.epochs x cfg.minibatches steps; return loss metrics."""
+    t_len, n = batch.rewards.shape
+    if policy.obs_rms is not None:
+        policy.obs_rms.update(batch.obs[:-1][batch.valid])
+
+    # V-trace targets under the current policy, computed once per batch.
+    with torch.no_grad():
+        flat_obs = batch.obs.reshape((t_len + 1) * n, *batch.obs.shape[2:])
+        flat_actions = batch.actions.reshape(t_len * n, *batch.actions.shape[2:])
+        heads, values = policy.heads(flat_obs)
+        values = values.reshape(t_len + 1, n)
+        step_dist = policy.distribution(heads[: t_len * n])
+        target_logp = policy.log_prob(step_dist, flat_actions).reshape(t_len, n)
+        vs, advantages = vtrace(
+            target_logp - batch.logprobs,
+            batch.rewards * cfg.reward_scale,
+            values,
+            batch.terminated,
+            batch.truncated,
+            batch.valid,
+            cfg.gamma,
+            cfg.gae_lambda,
+            cfg.vtrace_rho_clip,
+            cfg.vtrace_c_clip,
+        )
+
+    # Flatten the valid steps into one training set.
+    mask = batch.valid.reshape(-1)
+    b_obs = flat_obs[: t_len * n][mask]
+    b_actions = flat_actions[mask]
+    b_logprobs = batch.logprobs.reshape(-1)[mask]
+    b_advantages = advantages.reshape(-1)[mask]
+    b_returns = vs.reshape(-1)[mask]
+    b_values = values[:-1].reshape(-1)[mask]
+    size = int(mask.sum())
+    mb_size = max(1, size // cfg.minibatches)
+
+    clipfracs, stats = [], {}
+    for _ in range(cfg.epochs):
+        b_inds = torch.randperm(size, device=b_obs.device)
+        for start in range(0, size, mb_size):
+            mb_inds = b_inds[start : start + mb_size]
+            dist, new_value = policy(b_obs[mb_inds])
+            new_logp = policy.log_prob(dist, b_actions[mb_inds])
+            entropy = policy.entropy(dist)
+            logratio = new_logp - b_logprobs[mb_inds]
+            ratio = logratio.exp()
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - logratio).mean()
+                clipfracs.append(((ratio - 1.0).abs() > cfg.clip_coef).float().mean().item())
+
+            mb_adv = b_advantages[mb_inds]
+            if len(mb_inds) > 1:
+                mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+            pg_loss = torch.max(
+                -mb_adv * ratio, -mb_adv * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
+            ).mean()
+            v_loss = 0.5 * (new_value - b_returns[mb_inds]).square().mean()
+            entropy_loss = entropy.mean()
+            loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            stats = {
+                "losses/policy_loss": pg_loss.item(),
+                "losses/value_loss": v_loss.item(),
+                "losses/entropy": entropy_loss.item(),
+                "losses/approx_kl": approx_kl.item(),
+            }
+
+    stats["losses/clipfrac"] = float(np.mean(clipfracs)) if clipfracs else 0.0
+    stats["losses/explained_variance"] = explained_variance(
+        b_values.cpu().numpy(), b_returns.cpu().numpy()
+    )
+    stats["charts/samples_trained"] = float(size)
+    return stats

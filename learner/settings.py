@@ -1,0 +1,97 @@
+"""Settings of the learner process: the algorithm's hyperparameters and its connections.
+
+Each field is documented once here; `hetrl learner`, `hetrl local` and job
+hyperparameters are generated from these dataclasses. No torch or grpc imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rollout.settings import EnvSettings, PolicySettings, _chain_post_init, require
+
+
+@dataclasses.dataclass
+class TrainSettings:
+    """PPO / V-trace hyperparameters and the learner's flow control."""
+
+    total_steps: int = 300_000
+    """Env steps (all workers together) to train for."""
+    learning_rate: float = 1e-3
+    """Adam learning rate at the start."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly to zero over --total-steps."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """Trace-cutting lambda of V-trace (equals GAE's lambda when on-policy)."""
+    fragments_per_batch: int = 2
+    """Fragments (from any workers) in one training batch."""
+    epochs: int = 4
+    """Passes over each batch."""
+    minibatches: int = 4
+    """Minibatches per epoch."""
+    clip_coef: float = 0.2
+    """PPO clipping of the ratio between the new and the behaviour policy."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    max_grad_norm: float = 0.5
+    """Gradient norm clip."""
+    vtrace_rho_clip: float = 1.0
+    """V-trace clip of importance weights in the value targets (rho bar)."""
+    vtrace_c_clip: float = 1.0
+    """V-trace clip of the trace coefficients (c bar)."""
+    reward_scale: float = 1.0
+    """Multiply rewards by this before training (e.g. 0.1 for Pendulum)."""
+    max_policy_lag: int = 10
+    """Fragments from weights older than this many updates are dropped and counted."""
+    credits_per_worker: int = 2
+    """Fragments each worker may run ahead of the learner (bounds memory and lag)."""
+    device: str = "auto"
+    """Torch device for training: auto picks cuda when available, else cpu."""
+    learner_torch_threads: int = 1
+    """Torch CPU threads of the learner (when training on CPU)."""
+
+    def __post_init__(self) -> None:
+        require(self.total_steps > 0, f"--total-steps must be > 0, got {self.total_steps}")
+        require(self.learning_rate > 0, "--learning-rate must be > 0")
+        require(0 <= self.gamma <= 1, "--gamma must be in [0, 1]")
+        require(0 <= self.gae_lambda <= 1, "--gae-lambda must be in [0, 1]")
+        for name in ("fragments_per_batch", "epochs", "minibatches", "credits_per_worker",
+                     "learner_torch_threads"):
+            value = getattr(self, name)
+            require(value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        require(self.max_policy_lag >= 0, "--max-policy-lag must be >= 0")
+        require(self.clip_coef > 0, "--clip-coef must be > 0")
+        _chain_post_init(self, TrainSettings)
+
+@dataclasses.dataclass
+class OutputSettings:
+    """Where a run writes its metrics and model."""
+
+    out: str = "runs/hetrl"
+    """Output directory: metrics.jsonl, TensorBoard events, model.safetensors."""
+    progress: bool = True
+    """Print a live progress line."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.out), "--out must name a directory")
+        _chain_post_init(self, OutputSettings)
+
+@dataclasses.dataclass
+class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, OutputSettings):
+    """The learner process: connects to workers and trains."""
+
+    worker_addresses: tuple[str, ...] = ()
+    """host:port of every rollout worker."""
+    connect_timeout: float = 120.0
+    """Seconds to keep retrying a worker that is not reachable yet (names resolving late,
+    workers starting) before giving up on it."""
+
+    def __post_init__(self) -> None:
+        self.worker_addresses = tuple(self.worker_addresses)
+        require(len(self.worker_addresses) > 0, "give at least one --worker-addresses host:port")
+        require(self.connect_timeout > 0, "--connect-timeout must be > 0")
+        _chain_post_init(self, LearnerSettings)

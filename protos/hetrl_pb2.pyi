@@ -1,0 +1,115 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class NDArray(_message.Message):
+    __slots__ = ("dtype", "shape", "data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class NamedArray(_message.Message):
+    __slots__ = ("name", "array")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    array: NDArray
+    def __init__(self, name: _Optional[str] = ..., array: _Optional[_Union[NDArray, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("worker_id", "incarnation", "num_envs", "fragment_length", "env", "observation_space", "action_space")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    incarnation: str
+    num_envs: int
+    fragment_length: int
+    env: str
+    observation_space: str
+    action_space: str
+    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., num_envs: _Optional[int] = ..., fragment_length: _Optional[int] = ..., env: _Optional[str] = ..., observation_space: _Optional[str] = ..., action_space: _Optional[str] = ...) -> None: ...
+
+class Fragment(_message.Message):
+    __slots__ = ("worker_id", "incarnation", "sequence", "policy_version", "observations", "actions", "rewards", "terminated", "truncated", "logprobs", "valid", "episode_returns", "episode_lengths", "collect_seconds", "wait_seconds")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    VALID_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_RETURNS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    COLLECT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    incarnation: str
+    sequence: int
+    policy_version: int
+    observations: NDArray
+    actions: NDArray
+    rewards: NDArray
+    terminated: NDArray
+    truncated: NDArray
+    logprobs: NDArray
+    valid: NDArray
+    episode_returns: NDArray
+    episode_lengths: NDArray
+    collect_seconds: float
+    wait_seconds: float
+    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., logprobs: _Optional[_Union[NDArray, _Mapping]] = ..., valid: _Optional[_Union[NDArray, _Mapping]] = ..., episode_returns: _Optional[_Union[NDArray, _Mapping]] = ..., episode_lengths: _Optional[_Union[NDArray, _Mapping]] = ..., collect_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+
+class WorkerMessage(_message.Message):
+    __slots__ = ("hello", "fragment")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    fragment: Fragment
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., fragment: _Optional[_Union[Fragment, _Mapping]] = ...) -> None: ...
+
+class Weights(_message.Message):
+    __slots__ = ("version", "arrays")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ARRAYS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    arrays: _containers.RepeatedCompositeFieldContainer[NamedArray]
+    def __init__(self, version: _Optional[int] = ..., arrays: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ...) -> None: ...
+
+class Credits(_message.Message):
+    __slots__ = ("count",)
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    def __init__(self, count: _Optional[int] = ...) -> None: ...
+
+class Stop(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class LearnerMessage(_message.Message):
+    __slots__ = ("weights", "credits", "stop")
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    weights: Weights
+    credits: Credits
+    stop: Stop
+    def __init__(self, weights: _Optional[_Union[Weights, _Mapping]] = ..., credits: _Optional[_Union[Credits, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ...) -> None: ...

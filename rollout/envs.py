@@ -1,0 +1,123 @@
+"""Resolve the user's environment the same way in every process, and make vector envs.
+
+`--env` is either a registered gymnasium id or an entry point `pkg.mod:Class`;
+`--env-import` modules are imported first so they can register ids. The learner calls
+`describe_env` to learn the spaces and to fail before anything is spawned; workers call
+`make_vector_env`. Gymnasium 1.x NEXT_STEP autoreset is required: the collector's
+bookkeeping depends on it. Nothing here touches torch or the network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.vector import AutoresetMode
+
+from rollout.errors import EnvError
+from rollout.settings import EnvSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvDescription:
+    """What the learner needs to know about an env without stepping it."""
+
+    observation_space: gym.spaces.Box
+    action_space: gym.spaces.Space
+
+
+def _import_modules(names: tuple[str, ...]) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise EnvError(
+                f"--env-import {name!r} failed to import: {exc!r}. Is the package installed "
+                "(or on PYTHONPATH) in this environment?"
+            ) from exc
+
+
+def env_spec(settings: EnvSettings) -> str | EnvSpec:
+    """The id or EnvSpec to hand to gymnasium for `--env`."""
+    _import_modules(settings.env_import)
+    if ":" in settings.env:
+        module, _, attr = settings.env.partition(":")
+        try:
+            target = getattr(importlib.import_module(module), attr, None)
+        except Exception as exc:
+            raise EnvError(f"--env {settings.env!r}: cannot import {module} ({exc!r})") from exc
+        if callable(target):  # pkg.mod:Class (or a factory function)
+            return EnvSpec(id=settings.env, entry_point=settings.env)
+        # otherwise gymnasium's own "module:EnvId" form: the module registers EnvId
+    return settings.env
+
+
+def check_spaces(observation_space: gym.Space, action_space: gym.Space, env: str) -> None:
+    """Raise EnvError unless hetrl can train on these spaces."""
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise EnvError(
+            f"{env}: observation space {observation_space} is not a Box; wrap the env "
+            "(e.g. gymnasium.wrappers.FlattenObservation) to give it a Box"
+        )
+    if observation_space.dtype is None or np.dtype(observation_space.dtype).kind not in "biuf":
+        raise EnvError(f"{env}: observation dtype {observation_space.dtype} is not numeric")
+    if isinstance(action_space, gym.spaces.Discrete):
+        return
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return
+    raise EnvError(
+        f"{env}: action space {action_space} is not supported; use Discrete or a 1-D Box"
+    )
+
+
+def describe_env(settings: EnvSettings) -> EnvDescription:
+    """Make one env to read and check its spaces.
+
+    Raises:
+        EnvError: the env cannot be imported or made, or its spaces are unsupported.
+    """
+    spec = env_spec(settings)
+    try:
+        env = gym.make(spec)
+    except Exception as exc:
+        raise EnvError(
+            f"cannot make env {settings.env!r}: {type(exc).__name__}: {exc}\n"
+            "Check the id (gymnasium.pprint_registry() lists them), or pass --env-import "
+            "for a package that registers it, or --env pkg.mod:Class."
+        ) from exc
+    try:
+        check_spaces(env.observation_space, env.action_space, settings.env)
+        return EnvDescription(env.observation_space, env.action_space)
+    finally:
+        env.close()
+
+
+def make_vector_env(
+    settings: EnvSettings, num_envs: int, vector_mode: str = "auto"
+) -> gym.vector.VectorEnv:
+    """Make the worker's vector env with NEXT_STEP autoreset.
+
+    Raises:
+        EnvError: as describe_env, or the vector env does not autoreset in NEXT_STEP mode.
+    """
+    spec = env_spec(settings)
+    kwargs: dict = {}
+    if vector_mode != "auto":
+        kwargs["vectorization_mode"] = vector_mode
+        kwargs["vector_kwargs"] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+    elif isinstance(spec, EnvSpec) or gym.spec(spec.rpartition(":")[2]).vector_entry_point is None:
+        kwargs["vectorization_mode"] = "sync"
+        kwargs["vector_kwargs"] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+    try:
+        envs = gym.make_vec(spec, num_envs=num_envs, **kwargs)
+    except Exception as exc:
+        raise EnvError(f"cannot make {num_envs} x {settings.env!r}: {exc!r}") from exc
+    mode = envs.metadata.get("autoreset_mode")
+    if mode is not None and AutoresetMode(mode) is not AutoresetMode.NEXT_STEP:
+        envs.close()
+        raise EnvError(f"{settings.env}: vector env autoresets in {mode}; hetrl needs NEXT_STEP")
+    check_spaces(envs.single_observation_space, envs.single_action_space, settings.env)
+    return envs

@@ -1,0 +1,106 @@
+"""Fragment <-> wire message, with the checks a receiver must make.
+
+`to_message` turns a collector's `FragmentArrays` into a `WorkerMessage`;
+`from_message` turns one back and checks that every array has the dtype and the
+[T(+1), N, ...] shape the stream's Hello announced, so nothing malformed reaches
+training. Pure functions: no sockets, no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from protos import hetrl_pb2
+from rollout import wire
+from rollout.collector import FragmentArrays
+from rollout.errors import WireFormatError
+
+_STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "logprobs", "valid")
+
+
+@dataclasses.dataclass
+class Fragment:
+    """A received fragment: the arrays plus who produced it and with which weights."""
+
+    worker_id: int
+    incarnation: str
+    sequence: int
+    policy_version: int
+    arrays: FragmentArrays
+    wait_seconds: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        """Env steps in the fragment, reset steps included (T x N)."""
+        return int(self.arrays.rewards.size)
+
+
+def to_message(
+    arrays: FragmentArrays,
+    worker_id: int,
+    incarnation: str,
+    sequence: int,
+    policy_version: int,
+    wait_seconds: float = 0.0,
+) -> hetrl_pb2.WorkerMessage:
+    """Encode a fragment for the wire."""
+    fields = {f.name: wire.encode(getattr(arrays, f.name))
+              for f in dataclasses.fields(FragmentArrays) if f.name != "collect_seconds"}
+    return hetrl_pb2.WorkerMessage(
+        fragment=hetrl_pb2.Fragment(
+            worker_id=worker_id,
+            incarnation=incarnation,
+            sequence=sequence,
+            policy_version=policy_version,
+            collect_seconds=arrays.collect_seconds,
+            wait_seconds=wait_seconds,
+            **fields,
+        )
+    )
+
+
+def from_message(
+    message: hetrl_pb2.Fragment,
+    length: int,
+    num_envs: int,
+    obs_shape: tuple[int, ...],
+    obs_dtype: np.dtype,
+    action_shape: tuple[int, ...],
+    action_dtype: np.dtype,
+) -> Fragment:
+    """Decode and check a fragment against the shapes announced for its stream.
+
+    Raises:
+        WireFormatError: any array is malformed or has the wrong dtype or shape.
+    """
+    decoded = {f.name: wire.decode(getattr(message, f.name))
+               for f in dataclasses.fields(FragmentArrays) if f.name != "collect_seconds"}
+    expected = {
+        "observations": ((length + 1, num_envs, *obs_shape), np.dtype(obs_dtype)),
+        "actions": ((length, num_envs, *action_shape), np.dtype(action_dtype)),
+        "rewards": ((length, num_envs), np.dtype(np.float32)),
+        "terminated": ((length, num_envs), np.dtype(bool)),
+        "truncated": ((length, num_envs), np.dtype(bool)),
+        "logprobs": ((length, num_envs), np.dtype(np.float32)),
+        "valid": ((length, num_envs), np.dtype(bool)),
+    }
+    for name, (shape, dtype) in expected.items():
+        array = decoded[name]
+        if array.shape != shape or array.dtype.newbyteorder("=") != dtype.newbyteorder("="):
+            raise WireFormatError(
+                f"fragment {name}: got {array.shape} {array.dtype}, expected {shape} {dtype}"
+            )
+        decoded[name] = wire.to_native(array)
+    n_episodes = decoded["episode_returns"].shape
+    if len(n_episodes) != 1 or decoded["episode_lengths"].shape != n_episodes:
+        raise WireFormatError("fragment episode_returns and episode_lengths differ in shape")
+    return Fragment(
+        worker_id=message.worker_id,
+        incarnation=message.incarnation,
+        sequence=message.sequence,
+        policy_version=message.policy_version,
+        arrays=FragmentArrays(collect_seconds=message.collect_seconds, **decoded),
+        wait_seconds=message.wait_seconds,
+    )

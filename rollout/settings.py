@@ -1,0 +1,145 @@
+"""Settings shared by every process role, and those of a rollout worker.
+
+Settings are plain dataclasses; each field is documented once, in the docstring under
+it, and the CLI (`hetrl ...`) and job hyperparameters are generated from them. Role
+settings are built by inheriting the groups they need, so a flag means the same thing
+everywhere. Validation lives in `__post_init__`, which chains through the mixins.
+This module must not import torch, grpc or gymnasium: it is read by every entry point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Literal, TypeVar
+
+from rollout.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _chain_post_init(obj: object, cls: type) -> None:
+    parent = getattr(super(cls, obj), "__post_init__", None)
+    if parent is not None:
+        parent()
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise ConfigError(message) unless condition holds."""
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclasses.dataclass
+class EnvSettings:
+    """Which environment to simulate."""
+
+    env: str = "CartPole-v1"
+    """Gymnasium id (e.g. Humanoid-v5) or an entry point `my_pkg.my_mod:MyEnv`."""
+    env_import: tuple[str, ...] = ()
+    """Modules to import before making the env (they register custom ids)."""
+    seed: int = 1
+    """Seed of envs, policy init and sampling; each worker derives its own from it."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.env.strip()), "--env must name a gymnasium id or module:Class")
+        self.env_import = tuple(self.env_import)
+        _chain_post_init(self, EnvSettings)
+
+
+@dataclasses.dataclass
+class PolicySettings:
+    """The policy network; worker and learner build the same one from these."""
+
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Widths of the hidden layers of the default MLP (separate actor and critic)."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Activation of the default MLP."""
+    policy: str = ""
+    """Custom torch module `my_pkg.my_mod:MyNet`, called as MyNet(observation_space,
+    action_space); forward(obs) returns (logits or action mean, value). Empty: the MLP."""
+    normalize_observations: bool = True
+    """Normalize float observations with running mean/std kept in the policy's buffers
+    (uint8 observations are scaled to [0, 1] instead)."""
+
+    def __post_init__(self) -> None:
+        self.hidden_sizes = tuple(self.hidden_sizes)
+        require(
+            all(h > 0 for h in self.hidden_sizes),
+            f"--hidden-sizes must be positive, got {self.hidden_sizes}",
+        )
+        require(
+            not self.policy or ":" in self.policy,
+            f"--policy must look like my_pkg.my_mod:MyNet, got {self.policy!r}",
+        )
+        _chain_post_init(self, PolicySettings)
+
+
+@dataclasses.dataclass
+class RolloutSettings:
+    """How each worker steps its envs."""
+
+    envs_per_worker: int = 8
+    """Environments in each worker's vector env (N)."""
+    fragment_length: int = 64
+    """Steps per env in one fragment (T); a fragment holds T x N transitions."""
+    vector_mode: Literal["auto", "sync", "async"] = "auto"
+    """Gymnasium vectorization: auto uses the env's own vector implementation when it
+    ships one (CartPole does) and sync otherwise; async runs one subprocess per env."""
+    worker_torch_threads: int = 1
+    """Torch CPU threads per worker; one is right when a worker gets one core."""
+
+    def __post_init__(self) -> None:
+        for name in ("envs_per_worker", "fragment_length", "worker_torch_threads"):
+            value = getattr(self, name)
+            require(value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        _chain_post_init(self, RolloutSettings)
+
+
+@dataclasses.dataclass
+class WorkerSettings(EnvSettings, PolicySettings, RolloutSettings):
+    """A rollout worker process: a gRPC server the learner connects to."""
+
+    worker_id: int = 0
+    """Index of this worker; with --seed it picks the env seeds."""
+    host: str = "127.0.0.1"
+    """Address to bind. Loopback by default; a cluster binds its own interface."""
+    port: int = 0
+    """Port to bind; 0 picks a free one (written to --ready-file)."""
+    ready_file: str = ""
+    """If set, the bound address is written here (JSON) once the server listens."""
+    learner_timeout: float = 300.0
+    """Seconds without a learner stream (at start or after one ends) before the worker
+    gives up and exits non-zero, so no worker outlives its learner."""
+
+    def __post_init__(self) -> None:
+        require(self.worker_id >= 0, "--worker-id must be >= 0")
+        require(0 <= self.port < 65536, f"--port must be in [0, 65535], got {self.port}")
+        require(self.learner_timeout > 0, "--learner-timeout must be > 0")
+        _chain_post_init(self, WorkerSettings)
+
+
+def pick(cls: type[T], source: object, **overrides: Any) -> T:
+    """Build settings `cls` from the same-named fields of `source`, then apply overrides."""
+    values = {
+        f.name: getattr(source, f.name)
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if hasattr(source, f.name)
+    }
+    values.update(overrides)
+    return cls(**values)
+
+
+def to_json(settings: object) -> str:
+    """Serialize settings for a child process (JSON, never pickle)."""
+    return json.dumps(dataclasses.asdict(settings))  # type: ignore[call-overload]
+
+
+def from_json(cls: type[T], text: str) -> T:
+    """Inverse of to_json; unknown keys are an error so typos never pass silently."""
+    values = json.loads(text)
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown settings for {cls.__name__}: {', '.join(unknown)}")
+    return cls(**values)

@@ -1,0 +1,290 @@
+"""The rollout worker process: a gRPC server that streams fragments to one learner.
+
+Lifecycle: IDLE (listening, envs reset) -> STREAMING (a learner holds the one stream)
+-> IDLE again if the stream ends, or STOPPED when the learner sends Stop, a signal
+arrives, or no learner has been seen for `learner_timeout` seconds (the dead-man's
+switch, so a worker never outlives its learner). A worker samples only with weights
+from the learner and only while it holds a credit, so it is never more than its
+credits ahead. A fragment being sent when a stream breaks is lost and counted.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import torch
+
+from protos import hetrl_pb2, hetrl_pb2_grpc
+from rollout import fragments, wire
+from rollout.collector import Collector
+from rollout.envs import make_vector_env
+from rollout.errors import ConfigError, HetrlError
+from rollout.policy import Policy, load_policy_arrays
+from rollout.settings import WorkerSettings
+from rollout.transport import MAX_MESSAGE_BYTES, create_server, token_from_env
+
+log = logging.getLogger("hetrl.worker")
+
+# Exit codes the launcher understands.
+EXIT_OK, EXIT_ERROR, EXIT_NO_LEARNER = 0, 1, 3
+
+
+class WorkerState(enum.Enum):
+    IDLE = "idle"
+    STREAMING = "streaming"
+    STOPPED = "stopped"
+
+
+def worker_seed(seed: int, worker_id: int) -> int:
+    """Distinct, reproducible seeds per worker (envs and sampling)."""
+    return seed * 10_007 + worker_id * 101
+
+
+class _Inbox:
+    """What the learner has sent on the current stream: credits, newest weights, stop."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.credits = 0
+        self.weights: hetrl_pb2.Weights | None = None
+        self.stop_reason: str | None = None
+        self.closed = False
+
+    def wait_ready(self, have_weights: bool, timeout: float) -> bool:
+        """Wait until a credit (and weights, the first time) or stop/close; False on timeout."""
+        with self.cond:
+            return self.cond.wait_for(
+                lambda: self.closed
+                or self.stop_reason is not None
+                or (self.credits > 0 and (have_weights or self.weights is not None)),
+                timeout,
+            )
+
+
+class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
+    """Owns the vector env, the CPU policy and the collector; serves one stream at a time."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        torch.set_num_threads(settings.worker_torch_threads)
+        seed = worker_seed(settings.seed, settings.worker_id)
+        torch.manual_seed(seed)
+        self.envs = make_vector_env(settings, settings.envs_per_worker, settings.vector_mode)
+        obs_space = self.envs.single_observation_space
+        act_space = self.envs.single_action_space
+        self.policy = Policy(obs_space, act_space, settings)
+        self.policy.eval()
+        _check_fragment_size(settings, obs_space, act_space)
+        self.collector = Collector(self.envs, self.policy, settings.fragment_length, seed)
+        self.hello = hetrl_pb2.Hello(
+            worker_id=settings.worker_id,
+            incarnation=uuid.uuid4().hex,
+            num_envs=self.envs.num_envs,
+            fragment_length=settings.fragment_length,
+            env=settings.env,
+            observation_space=str(obs_space),
+            action_space=str(act_space),
+        )
+        self.state = WorkerState.IDLE
+        self.stop_reason = ""
+        self.failure: str | None = None
+        self.stopped = threading.Event()
+        self.version = -1
+        self.sequence = 0
+        self.fragments_sent = 0
+        self.fragments_lost = 0
+        self.last_learner_seen = time.monotonic()
+        self._stream_lock = threading.Lock()
+
+    # -- gRPC ------------------------------------------------------------------
+    def Stream(self, request_iterator, context) -> Iterator[hetrl_pb2.WorkerMessage]:
+        if self.stopped.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "worker is stopping")
+        if not self._stream_lock.acquire(blocking=False):
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, "a learner is already connected")
+        self.state = WorkerState.STREAMING
+        log.info("learner connected from %s", context.peer())
+        try:
+            yield from self._serve(request_iterator, context)
+        finally:
+            self.last_learner_seen = time.monotonic()
+            if not self.stopped.is_set():
+                self.state = WorkerState.IDLE
+            self._stream_lock.release()
+
+    def _serve(self, requests, context) -> Iterator[hetrl_pb2.WorkerMessage]:
+        inbox = _Inbox()
+        reader = threading.Thread(
+            target=_read_requests, args=(requests, inbox), name="learner-reader", daemon=True
+        )
+        reader.start()
+        yield hetrl_pb2.WorkerMessage(hello=self.hello)
+        while True:
+            wait_start = time.perf_counter()
+            while not inbox.wait_ready(self.version >= 0, timeout=1.0):
+                if not context.is_active() or self.stopped.is_set():
+                    return
+            waited = time.perf_counter() - wait_start
+            with inbox.cond:
+                if inbox.stop_reason is not None:
+                    self._stop(f"learner: {inbox.stop_reason}")
+                    return
+                if inbox.closed:
+                    return
+                inbox.credits -= 1
+                weights, inbox.weights = inbox.weights, None
+            if weights is not None:
+                load_policy_arrays(self.policy, wire.decode_named(weights.arrays))
+                self.version = weights.version
+            try:
+                arrays = self.collector.collect()
+            except Exception as exc:  # the env or the policy broke: this worker is done
+                log.exception("stepping the envs failed")
+                self.failure = f"{type(exc).__name__}: {exc}"
+                self._stop(f"error: {self.failure}")
+                context.abort(grpc.StatusCode.INTERNAL, f"worker failed: {self.failure}")
+            message = fragments.to_message(
+                arrays, self.settings.worker_id, self.hello.incarnation,
+                self.sequence, self.version, waited,
+            )
+            self.sequence += 1
+            if not context.is_active():
+                self.fragments_lost += 1
+                log.warning("stream closed before fragment %d was sent; lost", self.sequence - 1)
+                return
+            yield message
+            self.fragments_sent += 1
+
+    # -- lifecycle ---------------------------------------------------------------
+    def _stop(self, reason: str) -> None:
+        if not self.stopped.is_set():
+            self.stop_reason = reason
+            self.state = WorkerState.STOPPED
+            self.stopped.set()
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the worker to stop (thread- and signal-safe)."""
+        self._stop(reason)
+
+    def learner_gone_for(self) -> float:
+        """Seconds since a learner last held the stream (0 while one does)."""
+        if self.state is WorkerState.STREAMING:
+            return 0.0
+        return time.monotonic() - self.last_learner_seen
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def _read_requests(requests, inbox: _Inbox) -> None:
+    """Drain the learner's messages into the inbox until the stream ends."""
+    try:
+        for message in requests:
+            kind = message.WhichOneof("kind")
+            with inbox.cond:
+                if kind == "weights":
+                    inbox.weights = message.weights
+                elif kind == "credits":
+                    inbox.credits += message.credits.count
+                elif kind == "stop":
+                    inbox.stop_reason = message.stop.reason or "stop"
+                inbox.cond.notify_all()
+    except grpc.RpcError:
+        pass  # the stream ended; the serving loop sees `closed`
+    finally:
+        with inbox.cond:
+            inbox.closed = True
+            inbox.cond.notify_all()
+
+
+def _check_fragment_size(settings: WorkerSettings, obs_space, act_space) -> None:
+    """Refuse a configuration whose fragment cannot fit in one message."""
+    t_len, n = settings.fragment_length, settings.envs_per_worker
+    obs_bytes = (t_len + 1) * n * obs_space.dtype.itemsize * math.prod(obs_space.shape)
+    # actions (int64 or float32 each), reward, logprob (f4), three bool flags
+    step_bytes = t_len * n * (8 * math.prod(act_space.shape or ()) + 4 + 4 + 3)
+    size = obs_bytes + step_bytes
+    if size > MAX_MESSAGE_BYTES * 0.9:
+        raise ConfigError(
+            f"a fragment of {t_len} steps x {n} envs is about {size >> 20} MiB, over the "
+            f"{MAX_MESSAGE_BYTES >> 20} MiB message limit: lower --fragment-length "
+            "or --envs-per-worker"
+        )
+
+
+def _write_ready_file(path: str, address: str) -> None:
+    target = Path(path)
+    tmp = target.with_suffix(target.suffix + ".tmp")
+    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    tmp.replace(target)
+
+
+def run_worker(settings: WorkerSettings) -> int:
+    """Serve until stopped; return the process exit code."""
+    token = token_from_env()
+    worker = RolloutWorker(settings)
+    server, port = create_server(f"{settings.host}:{settings.port}", token)
+    hetrl_pb2_grpc.add_RolloutServicer_to_server(worker, server)
+    server.start()
+    address = f"{settings.host}:{port}"
+    log.info("worker %d serving %s on %s", settings.worker_id, settings.env, address)
+    if settings.ready_file:
+        _write_ready_file(settings.ready_file, address)
+
+    def on_signal(signum, _frame):
+        worker.request_stop(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    code = EXIT_OK
+    try:
+        while not worker.stopped.wait(0.5):
+            gone = worker.learner_gone_for()
+            if gone > settings.learner_timeout:
+                log.error(
+                    "no learner for %.0f s (--learner-timeout %.0f); exiting so the job stops",
+                    gone, settings.learner_timeout,
+                )
+                code = EXIT_NO_LEARNER
+                break
+    finally:
+        server.stop(grace=2.0).wait(5.0)
+        worker.close()
+    if worker.failure is not None:
+        code = EXIT_ERROR
+    log.info(
+        "worker %d stopped (%s): %d fragments sent, %d lost",
+        settings.worker_id, worker.stop_reason or "no learner", worker.fragments_sent,
+        worker.fragments_lost,
+    )
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rollout.worker SETTINGS_JSON`: the launcher's way to start a worker."""
+    import sys
+
+    from rollout.settings import from_json
+
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return run_worker(from_json(WorkerSettings, Path(argv[0]).read_text()))
+    except HetrlError as exc:
+        log.error("%s", exc)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

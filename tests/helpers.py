@@ -1,0 +1,48 @@
+"""Helpers shared by the multi-process tests: wait on a condition, find leftover processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
+    """Poll `condition` until truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs (other than ours) whose command line contains `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if text in cmdline and "State:\tZ" not in status:
+            found.append(int(entry.name))
+    return found
+
+
+def hetrl(*args: str, **kwargs) -> subprocess.Popen:
+    """Start the hetrl CLI (as `python -m launch`) from the repository root."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **kwargs.pop("env", {}))
+    return subprocess.Popen(
+        [sys.executable, "-m", "launch", *args], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
+    )

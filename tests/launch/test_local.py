@@ -1,0 +1,145 @@
+"""`hetrl local` end to end: real worker and learner processes over loopback gRPC."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from launch import run_local
+from rollout.errors import ConfigError, EnvError
+from rollout.policy import Policy, load_policy_arrays
+from rollout.settings import PolicySettings
+from tests.fixtures.envs import GoLeft
+from tests.helpers import hetrl, processes_mentioning, wait_for
+
+
+def test_cli_run_learns_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = hetrl("local", "--env", "CartPole-v1", "--workers", "2", "--envs-per-worker", "8",
+                 "--total-steps", "60000", "--seed", "1", "--out", str(out))
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output
+    assert processes_mentioning(str(out)) == []
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outcome"] == "finished"
+    assert summary["global_step"] >= 60000
+    assert summary["mean_return_100"] > 100, summary  # random play averages about 22
+    assert summary["fragments_dropped_lag"] == 0 and summary["sequence_gaps"] == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for name in ("charts/SPS", "charts/episodic_return", "losses/approx_kl", "losses/clipfrac",
+                 "losses/explained_variance", "charts/policy_lag"):
+        assert any(name in r for r in records), name
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+    assert "step" in output and "SPS" in output  # the progress line
+    # The saved model loads into a fresh policy (safetensors, no pickle).
+    env = gym.make("CartPole-v1")
+    policy = Policy(env.observation_space, env.action_space, PolicySettings())
+    load_policy_arrays(policy, load_file(str(out / "model.safetensors")))
+
+
+def test_python_api_trains_a_custom_env_class(tmp_path: Path) -> None:
+    result = run_local(env=GoLeft, workers=1, envs_per_worker=4, fragment_length=20,
+                       total_steps=16_000, out=str(tmp_path / "api"), progress=False)
+    assert result.ok, result.summary
+    assert result.model_path.exists()
+    assert result.summary["mean_return_100"] > 15  # 20 is perfect, random is 10
+
+
+def test_python_api_refuses_bad_input_before_spawning(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--workers"):
+        run_local(workers=0, out=str(tmp_path / "a"))
+    with pytest.raises(ConfigError, match="total-steps"):
+        run_local(total_steps=-1, out=str(tmp_path / "b"))
+    with pytest.raises(EnvError, match="cannot make env"):
+        run_local(env="NoSuchEnv-v0", out=str(tmp_path / "c"))
+    assert not (tmp_path / "c").exists()
+
+    class Local(gym.Env):
+        pass
+
+    with pytest.raises(ConfigError, match="importable module"):
+        run_local(env=Local, out=str(tmp_path / "d"))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workers", "0"], "--workers must be >= 1"),
+        (["--total-steps", "-5"], "--total-steps must be > 0"),
+        (["--envs-per-worker", "0"], "--envs-per-worker must be >= 1"),
+        (["--env", "NoSuchEnv-v0"], "cannot make env"),
+        (["--env", "tests.fixtures.envs:DictObs"], "not a Box"),
+    ],
+)
+def test_cli_refuses_bad_input(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "bad"
+    proc = hetrl("local", "--out", str(out), *args)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, output
+    assert message in output
+    assert not (out / "launch").exists()  # nothing was spawned
+
+
+def _start_long_run(out: Path, *extra: str) -> subprocess.Popen:
+    proc = hetrl("local", "--total-steps", "100000000", "--out", str(out), "--workers", "2",
+                 *extra, start_new_session=True)
+    wait_for(lambda: (out / "metrics.jsonl").exists()
+             and (out / "metrics.jsonl").read_text().count("\n") >= 2,
+             timeout=120, what="training to start")
+    return proc
+
+
+@pytest.mark.parametrize("to_group", [True, False], ids=["ctrl-c-group", "sigint-launcher"])
+def test_ctrl_c_stops_every_process(tmp_path: Path, to_group: bool) -> None:
+    out = tmp_path / "int"
+    proc = _start_long_run(out)
+    assert len(processes_mentioning(str(out))) >= 3
+    if to_group:  # what a terminal does on Ctrl-C
+        import os
+
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    wait_for(lambda: processes_mentioning(str(out)) == [], timeout=30, what="children to exit")
+    assert (out / "model.safetensors").exists()  # the learner saved what it had
+
+
+def test_crashing_worker_stops_everything(tmp_path: Path) -> None:
+    out = tmp_path / "crash"
+    proc = hetrl("local", "--env", "tests.fixtures.envs:CrashAfter", "--total-steps", "10000000",
+                 "--out", str(out), env={"HETRL_TEST_CRASH_AFTER": "300"})
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output
+    assert "simulator exploded" in output  # the worker's traceback reaches the user
+    wait_for(lambda: processes_mentioning(str(out)) == [], timeout=30, what="children to exit")
+
+
+def test_killed_learner_stops_everything(tmp_path: Path) -> None:
+    out = tmp_path / "kill"
+    proc = _start_long_run(out)
+    learner = [p for p in processes_mentioning(str(out / "launch" / "learner.json"))]
+    assert len(learner) == 1
+    import os
+
+    os.kill(learner[0], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, output
+    assert "learner exited" in output
+    wait_for(lambda: processes_mentioning(str(out)) == [], timeout=30, what="children to exit")
+
+
+def test_model_output_is_usable(tmp_path: Path) -> None:
+    result = run_local(env="Pendulum-v1", workers=1, envs_per_worker=2, fragment_length=16,
+                       total_steps=2_000, out=str(tmp_path / "pend"), progress=False)
+    assert result.ok
+    arrays = load_file(str(result.model_path))
+    assert "log_std" in arrays and np.all(np.isfinite(arrays["log_std"]))

@@ -1,0 +1,22 @@
+"""The acceptance runs of the vertical slice: default settings solve CartPole-v1.
+
+Marked slow (about 20 s each here); they run in CI all the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launch import run_local
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cartpole_solved_within_300k_steps(tmp_path: Path, seed: int) -> None:
+    result = run_local(env="CartPole-v1", workers=2, envs_per_worker=8, total_steps=300_000,
+                       seed=seed, out=str(tmp_path / f"seed{seed}"), progress=False)
+    assert result.ok, result.summary
+    assert result.summary["global_step"] <= 300_000 + 2 * 8 * 64  # one fragment of slack
+    assert result.summary["mean_return_100"] >= 475, result.summary

@@ -1,0 +1,90 @@
+"""The policy: weights as named arrays, action mapping, custom modules."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rollout import wire
+from rollout.errors import ConfigError, WireFormatError
+from rollout.policy import Policy, load_policy_arrays, policy_arrays
+from rollout.settings import PolicySettings
+
+OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+
+
+def _pair(action_space, **kw):
+    torch.manual_seed(0)
+    a = Policy(OBS, action_space, PolicySettings(**kw))
+    torch.manual_seed(1)
+    b = Policy(OBS, action_space, PolicySettings(**kw))
+    return a, b
+
+
+@pytest.mark.parametrize("space", [gym.spaces.Discrete(3), gym.spaces.Box(-2, 2, (2,))])
+def test_weights_round_trip_over_the_wire(space) -> None:
+    a, b = _pair(space)
+    a.obs_rms.update(torch.randn(64, 4) * 3 + 1)
+    arrays = wire.decode_named(wire.encode_named(policy_arrays(a)))
+    load_policy_arrays(b, arrays)
+    obs = torch.randn(5, 4)
+    for (ha, va), (hb, vb) in [(a.heads(obs), b.heads(obs))]:
+        torch.testing.assert_close(ha, hb)
+        torch.testing.assert_close(va, vb)
+
+
+def test_weights_mismatch_is_refused() -> None:
+    a, _ = _pair(gym.spaces.Discrete(3))
+    other = Policy(OBS, gym.spaces.Discrete(3), PolicySettings(hidden_sizes=(32,)))
+    with pytest.raises(WireFormatError, match="weight|missing"):
+        load_policy_arrays(a, policy_arrays(other))
+
+
+def test_non_finite_weights_are_refused() -> None:
+    a, b = _pair(gym.spaces.Discrete(3))
+    arrays = policy_arrays(a)
+    name = next(k for k in arrays if k.endswith("weight"))
+    arrays[name][0, 0] = np.nan
+    with pytest.raises(WireFormatError, match="NaN"):
+        load_policy_arrays(b, arrays)
+
+
+def test_box_actions_clip_and_rescale_to_bounds() -> None:
+    space = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 10.0], np.float32))
+    policy = Policy(OBS, space, PolicySettings())
+    raw = np.array([[-5.0, 0.0], [1.0, 5.0], [0.5, -1.0]], dtype=np.float32)
+    np.testing.assert_allclose(
+        policy.env_actions(raw), [[-2.0, 5.0], [2.0, 10.0], [1.0, 0.0]], rtol=1e-6
+    )
+
+
+def test_act_shapes_and_logprobs() -> None:
+    policy = Policy(OBS, gym.spaces.Box(-1, 1, (2,)), PolicySettings())
+    actions, logp = policy.act(np.zeros((7, 4), np.float32))
+    assert actions.shape == (7, 2) and logp.shape == (7,)
+    dist, _ = policy(torch.zeros(7, 4))
+    expected = policy.log_prob(dist, torch.from_numpy(actions)).detach().numpy()
+    np.testing.assert_allclose(expected, logp, rtol=1e-5, atol=1e-6)
+
+
+def test_uint8_observations_are_scaled_not_normalized() -> None:
+    space = gym.spaces.Box(0, 255, (4, 4), np.uint8)
+    policy = Policy(space, gym.spaces.Discrete(2), PolicySettings())
+    assert policy.obs_rms is None
+    x = torch.full((1, 4, 4), 255, dtype=torch.uint8)
+    assert float(policy.preprocess(x).max()) == pytest.approx(1.0)
+
+
+def test_custom_module() -> None:
+    settings = PolicySettings(policy="tests.fixtures.nets:TinyNet")
+    policy = Policy(OBS, gym.spaces.Discrete(2), settings)
+    actions, _ = policy.act(np.zeros((3, 4), np.float32))
+    assert actions.shape == (3,)
+    assert any(k.startswith("net.body") for k in policy.state_dict())
+
+
+def test_custom_module_errors() -> None:
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        Policy(OBS, gym.spaces.Discrete(2), PolicySettings(policy="nope_mod:Net"))
+    with pytest.raises(ConfigError, match="my_pkg.my_mod:MyNet"):
+        PolicySettings(policy="just_a_name")
