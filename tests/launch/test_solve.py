@@ -20,3 +20,14 @@ def test_cartpole_solved_within_300k_steps(tmp_path: Path, seed: int) -> None:
     assert result.ok, result.summary
     assert result.summary["global_step"] <= 300_000 + 2 * 8 * 64  # one fragment of slack
     assert result.summary["mean_return_100"] >= 475, result.summary
+
+
+@pytest.mark.slow
+def test_pendulum_learns_continuous_control(tmp_path: Path) -> None:
+    # The README's Pendulum settings; a full 1M-step run ends near -170. Random play
+    # scores about -1200; a shortened run must already be well past -400.
+    result = run_local(env="Pendulum-v1", workers=2, envs_per_worker=8, total_steps=160_000,
+                       seed=1, gamma=0.9, reward_scale=0.1, fragments_per_batch=4, epochs=10,
+                       minibatches=32, out=str(tmp_path / "pendulum"), progress=False)
+    assert result.ok, result.summary
+    assert result.summary["mean_return_100"] > -400, result.summary
