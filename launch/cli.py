@@ -8,7 +8,8 @@ import sys
 
 import tyro
 
-from launch.settings import LocalSettings
+from launch.emulate import EmulateSettings
+from launch.settings import ClusterSettings, LocalSettings
 from learner.settings import LearnerSettings
 from rollout.errors import HetrlError
 from rollout.settings import WorkerSettings
@@ -35,8 +36,22 @@ def _learner(settings: LearnerSettings) -> int:
     return run_learner(settings)
 
 
+def _emulate(settings: EmulateSettings) -> int:
+    from launch.emulate import report, run_emulated
+
+    result = run_emulated(settings)
+    print(report(result), file=sys.stderr)
+    return result.exit_code
+
+
+def _launch(settings: ClusterSettings) -> int:  # dispatched in main(), see there
+    raise AssertionError("hetrl launch is dispatched by launch.host.main")
+
+
 COMMANDS = {
     "local": (LocalSettings, _local),
+    "launch": (ClusterSettings, _launch),
+    "emulate": (EmulateSettings, _emulate),
     "worker": (WorkerSettings, _worker),
     "learner": (LearnerSettings, _learner),
 }
@@ -45,6 +60,11 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["launch"] and not {"-h", "--help"} & set(args):
+        # Defaults come from the job's hyperparameters, so the host entry point parses.
+        from launch.host import main as host_main
+
+        return host_main(args[1:])
     try:
         settings = tyro.extras.subcommand_cli_from_dict(
             {name: cls for name, (cls, _) in COMMANDS.items()},

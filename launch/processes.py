@@ -67,12 +67,19 @@ def spawn(
     config = run_dir / f"{name}.json"
     config.write_text(to_json(settings))
     log_path = run_dir / "logs" / f"{name}.log" if log_to_file else None
+    return spawn_command(name, [sys.executable, "-m", module, str(config)], env, log_path)
+
+
+def spawn_command(
+    name: str, command: list[str], env: dict[str, str], log_path: Path | None
+) -> Child:
+    """Start `command` with stdin closed and its output in log_path (None: inherited)."""
     stdout = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         stdout = log_path.open("ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", module, str(config)],
+        command,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=stdout,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from learner.settings import OutputSettings, TrainSettings
+from learner.settings import CheckpointSettings, OutputSettings, TrainSettings
 from rollout.settings import (
     EnvSettings,
     PolicySettings,
@@ -15,7 +15,9 @@ from rollout.settings import (
 
 
 @dataclasses.dataclass
-class LocalSettings(EnvSettings, PolicySettings, RolloutSettings, TrainSettings, OutputSettings):
+class LocalSettings(
+    EnvSettings, PolicySettings, RolloutSettings, TrainSettings, CheckpointSettings, OutputSettings
+):
     """`hetrl local`: rollout workers and a learner as separate processes on this machine."""
 
     workers: int = 2
@@ -30,3 +32,56 @@ class LocalSettings(EnvSettings, PolicySettings, RolloutSettings, TrainSettings,
         require(self.startup_timeout > 0, "--startup-timeout must be > 0")
         require(self.shutdown_grace > 0, "--shutdown-grace must be > 0")
         _chain_post_init(self, LocalSettings)
+
+
+@dataclasses.dataclass
+class ClusterSettings(
+    EnvSettings, PolicySettings, RolloutSettings, TrainSettings, CheckpointSettings, OutputSettings
+):
+    """`hetrl launch`: the one entry point of every host of a SageMaker (or emulated) job.
+
+    The job's hyperparameters map onto these fields (same names as the flags)."""
+
+    env_groups: tuple[str, ...] = ("env_group",)
+    """Instance groups whose hosts run rollout workers (more than one is allowed)."""
+    learner_group: str = "learner_group"
+    """Instance group whose (single) host runs the learner."""
+    workers_per_env_host: int = 0
+    """Rollout workers on each env host; 0 starts one per usable core."""
+    learner_host_workers: int = -1
+    """Rollout workers on the learner host too; -1 uses the cores left after
+    --learner-cores, 0 runs none."""
+    learner_cores: int = 2
+    """Cores the learner host keeps for the learner when it also runs workers."""
+    control_port: int = 7000
+    """Port of each env host's control service (stop, describe, heartbeat)."""
+    worker_base_port: int = 7100
+    """Worker i of a host listens on worker_base_port + i."""
+    startup_timeout: float = 900.0
+    """Env host: seconds to wait for the learner's first heartbeat before failing."""
+    loss_timeout: float = 120.0
+    """Env host: seconds without a learner heartbeat before failing (dead-man's switch)."""
+    resolve_timeout: float = 600.0
+    """Learner host: seconds to keep retrying name resolution and connects to env hosts."""
+    stop_budget: float = 120.0
+    """Seconds in which a stop (end of training, SIGTERM) must complete on every host."""
+    checkpoint_dir: str = "/opt/ml/checkpoints"
+    """Where the learner writes checkpoints (SageMaker syncs this directory with S3)."""
+    resume: bool = True
+    """Resume from the newest checkpoint there (a restarted spot job continues)."""
+
+    def __post_init__(self) -> None:
+        self.env_groups = tuple(self.env_groups)
+        require(len(self.env_groups) >= 1, "--env-groups needs at least one group name")
+        require(self.learner_group not in self.env_groups,
+                "--learner-group must differ from every --env-groups name")
+        require(self.workers_per_env_host >= 0, "--workers-per-env-host must be >= 0")
+        require(self.learner_host_workers >= -1, "--learner-host-workers must be >= -1")
+        require(self.learner_cores >= 1, "--learner-cores must be >= 1")
+        for name in ("control_port", "worker_base_port"):
+            value = getattr(self, name)
+            require(0 < value < 65536, f"--{name.replace('_', '-')} must be a port, got {value}")
+        for name in ("startup_timeout", "loss_timeout", "resolve_timeout", "stop_budget"):
+            value = getattr(self, name)
+            require(value > 0, f"--{name.replace('_', '-')} must be > 0, got {value}")
+        _chain_post_init(self, ClusterSettings)

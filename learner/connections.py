@@ -29,6 +29,14 @@ from rollout.transport import auth_metadata, create_channel
 log = logging.getLogger("hetrl.learner")
 
 
+# Retrying cannot fix these: the token is wrong or the peer is not a hetrl worker.
+_FATAL_CODES = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNIMPLEMENTED,
+}
+
+
 class StreamState(enum.Enum):
     CONNECTING = "connecting"
     STREAMING = "streaming"
@@ -126,6 +134,8 @@ class WorkerStream:
         self.fragments_received = 0
         self.fragments_malformed = 0
         self.sequence_gaps = 0
+        self.reconnects = 0
+        self.generation = 0
         self._last_sequence: dict[str, int] = {}
         self._channel: grpc.Channel | None = None
         self._thread = threading.Thread(target=self._run, name=f"stream-{address}", daemon=True)
@@ -137,8 +147,11 @@ class WorkerStream:
         self._weights = weights
         self._outbox.put(weights=weights)
 
-    def return_credit(self) -> None:
-        self._outbox.put(credits=1)
+    def return_credit(self, generation: int) -> None:
+        """Give the worker a credit back for a fragment of stream `generation`; credits
+        of a stream that has since been replaced are void (the new one starts full)."""
+        if generation == self.generation:
+            self._outbox.put(credits=1)
 
     def stop(self, reason: str, timeout: float = 10.0) -> bool:
         """Tell the worker to stop and wait (bounded) for its stream to end."""
@@ -166,10 +179,12 @@ class WorkerStream:
             self.state = StreamState.CLOSED
 
     def _connect_and_stream(self) -> None:
-        deadline = time.monotonic() + self._connect_timeout
+        """Connect, stream, and reconnect after a lost stream, each time for up to
+        connect_timeout; codes that retrying cannot fix end the stream at once."""
         self._channel = create_channel(self.address)
         stub = hetrl_pb2_grpc.RolloutStub(self._channel)
-        while True:
+        deadline = time.monotonic() + self._connect_timeout
+        while not self._stopping.is_set():
             try:
                 grpc.channel_ready_future(self._channel).result(
                     timeout=max(0.1, deadline - time.monotonic())
@@ -181,17 +196,28 @@ class WorkerStream:
                     f"worker {self.address} not reachable within {self._connect_timeout:.0f} s "
                     "(--connect-timeout); is it running, and is the address right?"
                 ) from exc
-            except grpc.RpcError as exc:
+            except (grpc.RpcError, ConnectionError) as exc:
                 if self._stopping.is_set():
                     return
-                retry = exc.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline
-                if not retry:
+                code = exc.code() if isinstance(exc, grpc.RpcError) else None
+                detail = f"{code.name} {exc.details()}" if code else str(exc)
+                if code in _FATAL_CODES:
+                    raise ConnectionError(f"worker {self.address} refused: {detail}") from exc
+                if self.state is StreamState.STREAMING:
+                    self.reconnects += 1
+                    log.warning("lost worker %s (%s); reconnecting for up to %.0f s",
+                                self.address, detail, self._connect_timeout)
+                    deadline = time.monotonic() + self._connect_timeout
+                    self.state = StreamState.CONNECTING
+                if time.monotonic() >= deadline:
                     raise ConnectionError(
-                        f"stream to worker {self.address} failed: {exc.code().name} {exc.details()}"
+                        f"stream to worker {self.address} failed: {detail}"
                     ) from exc
                 time.sleep(0.5)
 
     def _stream(self, stub: hetrl_pb2_grpc.RolloutStub) -> None:
+        self.generation += 1
+        generation = self.generation
         self._outbox = _Outbox()
         self._outbox.put(weights=self._weights, credits=self._credits)
         responses = stub.Stream(self._outbox.messages(), metadata=self._metadata)
@@ -218,11 +244,11 @@ class WorkerStream:
             except WireFormatError as exc:
                 self.fragments_malformed += 1
                 log.error("malformed fragment from %s dropped: %s", self.address, exc)
-                self.return_credit()
+                self.return_credit(generation)
                 continue
             self._note_sequence(fragment)
             self.fragments_received += 1
-            self.fan_in.put((self, fragment))
+            self.fan_in.put((self, generation, fragment))
         if not self._stopping.is_set():
             raise ConnectionError(f"worker {self.address} ended its stream unasked")
 

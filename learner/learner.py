@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from safetensors.numpy import save_file
 
+from learner.checkpoint import load_latest, save_checkpoint
 from learner.connections import StreamFailure, StreamSpec, WorkerStream
 from learner.metrics import MetricsWriter
 from learner.ppo import Batch, ppo_update
@@ -63,6 +64,10 @@ class Learner:
         self.version = 0
         self.global_step = 0
         self.out = Path(settings.out)
+        self.checkpoint_dir = Path(settings.checkpoint_dir or self.out / "checkpoints")
+        self.resumed_from: str | None = None
+        if settings.resume:
+            self._resume()
         self.spec = StreamSpec(
             env=settings.env,
             observation_space=str(obs_space),
@@ -89,6 +94,34 @@ class Learner:
         self.train_seconds = 0.0
         self._stop_reason: str | None = None
 
+    def _resume(self) -> None:
+        found = load_latest(self.checkpoint_dir)
+        if found is None:
+            log.info("no checkpoint in %s; starting fresh", self.checkpoint_dir)
+            return
+        path, state = found
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.global_step = int(state["global_step"])
+        self.version = int(state["policy_version"])
+        self.resumed_from = str(path)
+        log.info("resumed from %s at step %d (policy version %d)",
+                 path, self.global_step, self.version)
+
+    def checkpoint(self) -> Path:
+        """Write a checkpoint of the policy, optimizer and counters now."""
+        state = {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "global_step": self.global_step,
+            "policy_version": self.version,
+            "env": self.settings.env,
+        }
+        path = save_checkpoint(self.checkpoint_dir, self.global_step, state,
+                               self.settings.keep_checkpoints)
+        self._last_checkpoint = time.monotonic()
+        return path
+
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
 
@@ -106,12 +139,15 @@ class Learner:
         for stream in self.streams:
             stream.start()
         code, outcome = EXIT_OK, "finished"
+        self._last_checkpoint = time.monotonic()
         try:
             while self.global_step < s.total_steps and self._stop_reason is None:
                 batch = self._next_batch(metrics)
                 if batch is None:
                     break
                 self._train(batch, metrics)
+                if time.monotonic() - self._last_checkpoint > s.checkpoint_every:
+                    self.checkpoint()
             if self._stop_reason is not None:
                 outcome, code = f"stopped: {self._stop_reason}", EXIT_INTERRUPTED
         except HetrlError as exc:
@@ -122,6 +158,11 @@ class Learner:
             self._save(outcome, metrics)
             metrics.close()
         return code
+
+    def _save(self, outcome: str, metrics: MetricsWriter) -> None:
+        path = self.checkpoint()
+        log.info("checkpoint %s written", path)
+        self._save_model(outcome, metrics)
 
     def _next_batch(self, metrics: MetricsWriter) -> list[Fragment] | None:
         s = self.settings
@@ -141,8 +182,8 @@ class Learner:
             if isinstance(item, StreamFailure):
                 self._on_stream_failure(item)
                 continue
-            stream, fragment = item
-            stream.return_credit()  # the worker may start its next fragment now
+            stream, generation, fragment = item
+            stream.return_credit(generation)  # the worker may start its next fragment now
             self.global_step += fragment.steps
             self._count_episodes(fragment)
             lag = self.version - fragment.policy_version
@@ -239,7 +280,7 @@ class Learner:
         for thread in threads:
             thread.join(15.0)
 
-    def _save(self, outcome: str, metrics: MetricsWriter) -> None:
+    def _save_model(self, outcome: str, metrics: MetricsWriter) -> None:
         arrays = policy_arrays(self.policy)
         tmp = self.out / "model.safetensors.tmp"
         save_file(arrays, str(tmp), metadata={
@@ -263,6 +304,7 @@ class Learner:
             "learner_wait_seconds": round(self.wait_seconds, 3),
             "learner_train_seconds": round(self.train_seconds, 3),
             "workers": [s.address for s in self.streams],
+            "resumed_from": self.resumed_from,
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         metrics.progress(

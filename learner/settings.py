@@ -81,7 +81,27 @@ class OutputSettings:
         _chain_post_init(self, OutputSettings)
 
 @dataclasses.dataclass
-class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, OutputSettings):
+class CheckpointSettings:
+    """Where and how often the learner checkpoints, and whether it resumes."""
+
+    checkpoint_dir: str = ""
+    """Checkpoint directory; empty means <out>/checkpoints."""
+    checkpoint_every: float = 300.0
+    """Seconds between periodic checkpoints; one is also written at the end and on a stop."""
+    keep_checkpoints: int = 3
+    """Newest checkpoints kept; older ones are deleted."""
+    resume: bool = False
+    """Resume from the newest readable checkpoint in --checkpoint-dir, if there is one."""
+
+    def __post_init__(self) -> None:
+        require(self.checkpoint_every > 0, "--checkpoint-every must be > 0")
+        require(self.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1")
+        _chain_post_init(self, CheckpointSettings)
+
+
+@dataclasses.dataclass
+class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSettings,
+                      OutputSettings):
     """The learner process: connects to workers and trains."""
 
     worker_addresses: tuple[str, ...] = ()

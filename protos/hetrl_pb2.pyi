@@ -113,3 +113,39 @@ class LearnerMessage(_message.Message):
     credits: Credits
     stop: Stop
     def __init__(self, weights: _Optional[_Union[Weights, _Mapping]] = ..., credits: _Optional[_Union[Credits, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ...) -> None: ...
+
+class DescribeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HostInfo(_message.Message):
+    __slots__ = ("host", "worker_addresses", "cores")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    worker_addresses: _containers.RepeatedScalarFieldContainer[str]
+    cores: int
+    def __init__(self, host: _Optional[str] = ..., worker_addresses: _Optional[_Iterable[str]] = ..., cores: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("learner",)
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    learner: str
+    def __init__(self, learner: _Optional[str] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StopRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class StopReply(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...

@@ -97,3 +97,164 @@ class Rollout:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class HostControlStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Describe = channel.unary_unary(
+                '/hetrl.HostControl/Describe',
+                request_serializer=protos_dot_hetrl__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=protos_dot_hetrl__pb2.HostInfo.FromString,
+                _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/hetrl.HostControl/Heartbeat',
+                request_serializer=protos_dot_hetrl__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=protos_dot_hetrl__pb2.HeartbeatReply.FromString,
+                _registered_method=True)
+        self.Stop = channel.unary_unary(
+                '/hetrl.HostControl/Stop',
+                request_serializer=protos_dot_hetrl__pb2.StopRequest.SerializeToString,
+                response_deserializer=protos_dot_hetrl__pb2.StopReply.FromString,
+                _registered_method=True)
+
+
+class HostControlServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Describe(self, request, context):
+        """Which workers this host runs; the learner host connects to each of them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """The learner is alive; an env host that stops hearing this gives up (dead-man's switch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stop(self, request, context):
+        """Training is over: stop the workers and exit 0.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_HostControlServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=protos_dot_hetrl__pb2.DescribeRequest.FromString,
+                    response_serializer=protos_dot_hetrl__pb2.HostInfo.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=protos_dot_hetrl__pb2.HeartbeatRequest.FromString,
+                    response_serializer=protos_dot_hetrl__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'Stop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stop,
+                    request_deserializer=protos_dot_hetrl__pb2.StopRequest.FromString,
+                    response_serializer=protos_dot_hetrl__pb2.StopReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'hetrl.HostControl', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('hetrl.HostControl', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class HostControl:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Describe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetrl.HostControl/Describe',
+            protos_dot_hetrl__pb2.DescribeRequest.SerializeToString,
+            protos_dot_hetrl__pb2.HostInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetrl.HostControl/Heartbeat',
+            protos_dot_hetrl__pb2.HeartbeatRequest.SerializeToString,
+            protos_dot_hetrl__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetrl.HostControl/Stop',
+            protos_dot_hetrl__pb2.StopRequest.SerializeToString,
+            protos_dot_hetrl__pb2.StopReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

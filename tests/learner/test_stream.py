@@ -61,7 +61,7 @@ def test_credits_bound_the_worker_and_weights_set_the_version(served_worker) -> 
     stream = WorkerStream(address, TOKEN, make_spec(worker), fan_in,
                           weights_message(worker, settings, 7), credits=2, connect_timeout=10)
     stream.start()
-    first = [fan_in.get(timeout=10)[1] for _ in range(2)]
+    first = [fan_in.get(timeout=10)[2] for _ in range(2)]
     assert [f.sequence for f in first] == [0, 1]
     assert all(f.policy_version == 7 for f in first)
     assert first[0].arrays.observations.shape == (6, 3, 4)
@@ -69,8 +69,8 @@ def test_credits_bound_the_worker_and_weights_set_the_version(served_worker) -> 
     time.sleep(0.3)
     assert fan_in.empty() and worker.fragments_sent == 2
     stream.push_weights(weights_message(worker, settings, 8))
-    stream.return_credit()
-    third = fan_in.get(timeout=10)[1]
+    stream.return_credit(stream.generation)
+    third = fan_in.get(timeout=10)[2]
     assert third.sequence == 2 and third.policy_version == 8
     # Consecutive fragments continue the same episodes: the first row of the next
     # fragment is the bootstrap row of the previous one.

@@ -1,0 +1,295 @@
+"""Processes and the consuming learner stand-in used by the streaming benchmarks.
+
+- `placement` decides which cores the producer (a rollout worker, or the in-process
+  baseline) and the consumer get: with two or more usable cores the producer is
+  pinned to one core and the consumer to another, so "one worker per core" holds and
+  the two sides do not take turns on a core; `shared` pins nothing.
+- `start_worker` runs the real `python -m rollout.worker SETTINGS_JSON` process.
+- `Consumer` is the learner's receive path and nothing else: a real
+  `learner.connections.WorkerStream` (its thread decodes every fragment with
+  `rollout.fragments.from_message`) whose credits are returned the moment a fragment
+  is taken off the fan-in queue. Nothing is trained.
+- `python -m bench.harness baseline SETTINGS_JSON` is the in-process baseline: the
+  same `RolloutWorker` construction (vector env, policy, seeds, torch threads) and
+  weights, whose `Collector` is stepped with nothing encoded or sent. It runs as a
+  child so it sits on the producer's core; it reads one JSON command per line.
+
+The producer and the baseline are never busy at the same time: the worker idles
+without credits while the baseline runs, the baseline blocks on stdin otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import inspect
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import RESULTS, ROOT
+
+LOGS = RESULTS / "logs"
+
+
+# -- cores ---------------------------------------------------------------------------
+def placement(kind: str) -> tuple[set[int] | None, set[int] | None]:
+    """(producer cpus, consumer cpus); None means unpinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if kind == "shared" or len(cpus) < 2:
+        return None, None
+    return {cpus[0]}, {cpus[1]}
+
+
+def pin_this_process(cpus: set[int] | None) -> None:
+    """Pin every thread of this process (threads started later inherit it)."""
+    if cpus is None:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
+
+
+def _child_setup(cpus: set[int] | None):
+    def setup() -> None:  # runs in the child between fork and exec
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+        if sys.platform.startswith("linux"):  # die with the benchmark
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    return setup
+
+
+def spawn(args: list[str], cpus: set[int] | None, log_name: str, env: dict | None = None,
+          pipe: bool = False) -> subprocess.Popen:
+    """Start `python ARGS` from the repository root, pinned, output to results/logs."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = (LOGS / f"{log_name}.log").open("wb")
+    child_env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(env or {}))
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env=child_env, stderr=log,
+        stdout=subprocess.PIPE if pipe else log, stdin=subprocess.PIPE if pipe else None,
+        text=pipe, preexec_fn=_child_setup(cpus),  # noqa: PLW1509 - no threads yet
+    )
+
+
+def stop(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+# -- the real worker and its consumer ------------------------------------------------------
+def initial_weights(settings) -> dict[str, np.ndarray]:
+    """The weights both sides sample with: a Policy initialised from settings.seed."""
+    import torch
+
+    from rollout.envs import describe_env
+    from rollout.policy import Policy, policy_arrays
+
+    desc = describe_env(settings)
+    with torch.random.fork_rng():
+        torch.manual_seed(settings.seed)
+        return policy_arrays(Policy(desc.observation_space, desc.action_space, settings))
+
+
+def start_worker(settings, cpus: set[int] | None, token: str, log_name: str):
+    """Run `python -m rollout.worker`; return (process, address)."""
+    from rollout.settings import to_json
+
+    tmp = Path(tempfile.mkdtemp(prefix="hetrl-bench-"))
+    ready = tmp / "ready.json"
+    settings = dataclasses.replace(settings, ready_file=str(ready), port=0,
+                                   learner_timeout=600.0)
+    (tmp / "worker.json").write_text(to_json(settings))
+    process = spawn(["-m", "rollout.worker", str(tmp / "worker.json")], cpus, log_name,
+                    env={"HETRL_TOKEN": token})
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            raise RuntimeError(f"worker did not start; see {LOGS / log_name}.log")
+        time.sleep(0.05)
+    return process, json.loads(ready.read_text())["address"]
+
+
+@dataclasses.dataclass
+class Window:
+    """One timed stretch of steady-state fragments."""
+
+    steps_per_s: float
+    bytes_per_s: float
+    fragments: int
+    seconds: float
+    collect_fraction: float  # share of the window the worker spent in Collector.collect
+    wait_fraction: float  # share it spent waiting for credits
+
+
+def stream_spec(settings):
+    """The StreamSpec a learner would build for these settings' env."""
+    from learner.connections import StreamSpec
+    from rollout.envs import describe_env
+    from rollout.policy import action_dtype
+
+    desc = describe_env(settings)
+    obs, act = desc.observation_space, desc.action_space
+    return StreamSpec(settings.env, str(obs), str(act), tuple(obs.shape), np.dtype(obs.dtype),
+                      tuple(act.shape or ()), action_dtype(act))
+
+
+def weights_message(arrays: dict[str, np.ndarray], version: int = 0):
+    from protos import hetrl_pb2
+    from rollout import wire
+
+    return hetrl_pb2.Weights(version=version, arrays=wire.encode_named(arrays))
+
+
+class Consumer:
+    """The learner's receive path: WorkerStream decodes, credits go straight back."""
+
+    def __init__(self, address: str, token: str, spec, weights) -> None:
+        from learner.connections import StreamState, WorkerStream
+
+        self.fan_in: queue.Queue = queue.Queue()
+        self.stream = WorkerStream(address, token, spec, self.fan_in, weights, credits=0,
+                                   connect_timeout=60.0)
+        self.stream.start()
+        # Credits put before the stream is up would go to an outbox it then replaces.
+        deadline = time.monotonic() + 60.0
+        while self.stream.state is not StreamState.STREAMING:
+            if not self.stream.alive or time.monotonic() > deadline:
+                raise RuntimeError(f"could not stream from {address}: {self._failure()}")
+            time.sleep(0.01)
+        # return_credit() takes the stream generation in newer versions of connections.py.
+        self._needs_generation = "generation" in inspect.signature(
+            self.stream.return_credit).parameters
+
+    def _failure(self) -> str:
+        try:
+            return str(self.fan_in.get_nowait())
+        except queue.Empty:
+            return "no error reported"
+
+    def _credit(self) -> None:
+        if self._needs_generation:
+            self.stream.return_credit(self.stream.generation)
+        else:
+            self.stream.return_credit()
+
+    def _get(self, timeout: float):
+        from learner.connections import StreamFailure
+
+        item = self.fan_in.get(timeout=timeout)
+        if isinstance(item, StreamFailure):
+            raise RuntimeError(f"stream failed: {item.error}")
+        return item[-1]  # (stream, fragment) or (stream, generation, fragment)
+
+    def window(self, seconds: float, min_intervals: int = 4, credits: int = 2) -> Window:
+        """Grant credits, time fragment arrivals for `seconds`, then let the worker idle.
+
+        The first arrival starts the clock (its fragment is not counted), so the rate
+        is steady-state: (fragments after the first) / (last arrival - first arrival).
+        """
+        for _ in range(credits):
+            self._credit()
+        outstanding, times = credits, []
+        steps = nbytes = 0
+        collect = wait = 0.0
+        while True:
+            fragment = self._get(timeout=120.0)
+            times.append(time.perf_counter())
+            outstanding -= 1
+            if len(times) > 1:
+                a = fragment.arrays
+                steps += fragment.steps
+                nbytes += sum(getattr(a, f.name).nbytes for f in dataclasses.fields(a)
+                              if f.name != "collect_seconds")
+                collect += a.collect_seconds
+                wait += fragment.wait_seconds
+            if len(times) - 1 >= min_intervals and times[-1] - times[0] >= seconds:
+                break
+            self._credit()
+            outstanding += 1
+        while outstanding:  # drain what is in flight; the worker then waits for credits
+            self._get(timeout=120.0)
+            outstanding -= 1
+        span = times[-1] - times[0]
+        return Window(steps / span, nbytes / span, len(times) - 1, span,
+                      collect / span, wait / span)
+
+    def close(self) -> None:
+        self.stream.stop("benchmark over", timeout=10.0)
+
+
+class Baseline:
+    """Parent side of the in-process baseline child."""
+
+    def __init__(self, settings, cpus: set[int] | None, log_name: str):
+        from rollout.settings import to_json
+
+        self.path = Path(tempfile.mkdtemp(prefix="hetrl-bench-")) / "baseline.json"
+        self.path.write_text(to_json(settings))
+        self.process = spawn(["-m", "bench.harness", "baseline", str(self.path)], cpus,
+                             log_name, pipe=True)
+
+    def window(self, seconds: float, min_intervals: int = 4) -> Window:
+        self.process.stdin.write(json.dumps({"seconds": seconds, "min": min_intervals}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"baseline child died; see {LOGS}")
+        return Window(**json.loads(line))
+
+    def close(self) -> None:
+        stop(self.process)
+
+
+def _baseline_main(settings_path: str) -> int:
+    """Child: build what a worker builds, then step the collector on command."""
+    from rollout.policy import load_policy_arrays
+    from rollout.settings import WorkerSettings, from_json
+    from rollout.worker import RolloutWorker
+
+    settings = from_json(WorkerSettings, Path(settings_path).read_text())
+    worker = RolloutWorker(settings)  # same envs, policy, seeds and torch threads
+    load_policy_arrays(worker.policy, initial_weights(settings))
+    for line in sys.stdin:
+        command = json.loads(line)
+        worker.collector.collect()  # like the stream: the first fragment starts the clock
+        start = time.perf_counter()
+        steps = nbytes = fragments = 0
+        collect = 0.0
+        while True:
+            arrays = worker.collector.collect()
+            fragments += 1
+            steps += arrays.rewards.size
+            nbytes += sum(getattr(arrays, f.name).nbytes for f in dataclasses.fields(arrays)
+                          if f.name != "collect_seconds")
+            collect += arrays.collect_seconds
+            span = time.perf_counter() - start
+            if fragments >= command["min"] and span >= command["seconds"]:
+                break
+        print(json.dumps(dataclasses.asdict(
+            Window(steps / span, nbytes / span, fragments, span, collect / span, 0.0))),
+            flush=True)
+    worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["baseline"]:
+        raise SystemExit(_baseline_main(sys.argv[2]))
+    raise SystemExit("usage: python -m bench.harness baseline SETTINGS_JSON")

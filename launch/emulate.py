@@ -1,0 +1,238 @@
+"""`hetrl emulate`: a heterogeneous SageMaker job rehearsed on one machine.
+
+For each emulated host it writes the tree SageMaker would give it
+(`input/config/resourceconfig.json` with unsorted group host lists,
+`hyperparameters.json`, `inputdataconfig.json`, `model/`, `output/`), maps `algo-N` to
+its own loopback address 127.0.0.N (HETRL_HOST_MAP), and starts the very entry point a
+real host runs (`python -m launch.host`) with SAGEMAKER_BASE_DIR pointing at its tree
+and the shared token in its environment. It then watches the hosts as SageMaker would:
+the job succeeds when every host exits 0. Ctrl-C sends SIGTERM to every host, as a
+job stop does. It does not train anything itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launch.cluster import HOST_MAP_ENV
+from launch.processes import Child, child_environment, spawn_command, stop_all
+from launch.settings import ClusterSettings
+from rollout.errors import ConfigError
+from rollout.settings import require
+from rollout.transport import new_token
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+# Fields that describe the emulation, not the job: never passed as hyperparameters.
+_NOT_HYPERPARAMETERS = {"out", "progress", "control_port", "worker_base_port"}
+
+
+@dataclasses.dataclass
+class EmulateSettings(ClusterSettings):
+    """`hetrl emulate`: run a heterogeneous job's hosts as processes on this machine."""
+
+    env_hosts: int = 2
+    """Emulated env hosts (the env group's instance count)."""
+    env_type: str = "ml.c5.9xlarge"
+    """Instance type written into the emulated resource config of env hosts."""
+    learner_type: str = "ml.g5.2xlarge"
+    """Instance type written into the emulated resource config of the learner host."""
+    workers_per_env_host: int = 2
+    """Rollout workers on each emulated env host."""
+    learner_host_workers: int = 0
+    """Rollout workers on the emulated learner host (one machine has no spare cores)."""
+    checkpoint_dir: str = ""
+    """Checkpoints of the emulated learner host; empty: <out>/hosts/<learner>/checkpoints."""
+
+    def __post_init__(self) -> None:
+        require(1 <= self.env_hosts <= 200,
+                f"--env-hosts must be in [1, 200], got {self.env_hosts}")
+        super().__post_init__()
+
+
+@dataclasses.dataclass
+class EmulateResult:
+    """Exit code of every emulated host, and what the failing ones wrote."""
+
+    exit_code: int
+    out: Path
+    learner_host: str
+    exit_codes: dict[str, int | None]
+    failures: dict[str, str]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        path = self.out / "hosts" / self.learner_host / "model" / "summary.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _layout(settings: EmulateSettings) -> tuple[str, list[str]]:
+    """Learner host and env hosts, named like SageMaker and deliberately unsorted."""
+    hosts = [f"algo-{i}" for i in range(1, settings.env_hosts + 2)]
+    learner = hosts[1]  # algo numbers say nothing about groups
+    env_hosts = [h for h in hosts if h != learner][::-1]
+    return learner, env_hosts
+
+
+def _free_port_block(addresses: list[str], size: int) -> int:
+    """A port p such that p .. p+size-1 are free on every address."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + size >= 65000:
+            continue
+        try:
+            for address in addresses:
+                for port in range(base, base + size):
+                    with socket.socket() as s:
+                        s.bind((address, port))
+        except OSError:
+            continue
+        return base
+    raise ConfigError("no free block of ports on the emulated loopback addresses")
+
+
+def _hyperparameters(settings: EmulateSettings, overrides: dict[str, Any]) -> dict[str, str]:
+    """Non-default job settings, JSON-encoded as SageMaker stores them."""
+    defaults = ClusterSettings()
+    values = {}
+    for field in dataclasses.fields(ClusterSettings):
+        value = getattr(settings, field.name)
+        if field.name in _NOT_HYPERPARAMETERS or value == getattr(defaults, field.name):
+            continue
+        values[field.name] = value
+    values.update(overrides)
+    return {k: json.dumps(list(v) if isinstance(v, tuple) else v) for k, v in values.items()}
+
+
+def build_trees(settings: EmulateSettings, root: Path) -> tuple[str, list[str], dict[str, str]]:
+    """Write every host's SageMaker tree under root/hosts; return (learner, env hosts,
+    host map)."""
+    learner, env_hosts = _layout(settings)
+    all_hosts = sorted([learner, *env_hosts], key=lambda h: int(h.split("-")[1]))
+    host_map = {h: f"127.0.0.{h.split('-')[1]}" for h in all_hosts}
+    base_port = _free_port_block(list(host_map.values()), settings.workers_per_env_host + 1)
+    checkpoint_dir = settings.checkpoint_dir or str(root / "hosts" / learner / "checkpoints")
+    hyperparameters = _hyperparameters(settings, {
+        "control_port": base_port,
+        "worker_base_port": base_port + 1,
+        "checkpoint_dir": checkpoint_dir,
+        "env_groups": list(settings.env_groups),
+        "learner_group": settings.learner_group,
+    })
+    env_group = settings.env_groups[0]
+    groups = [
+        {"instance_group_name": env_group, "instance_type": settings.env_type, "hosts": env_hosts},
+        {"instance_group_name": settings.learner_group, "instance_type": settings.learner_type,
+         "hosts": [learner]},
+    ]
+    for host in all_hosts:
+        base = root / "hosts" / host
+        config = base / "input" / "config"
+        config.mkdir(parents=True, exist_ok=True)
+        for sub in ("model", "output", "input/data"):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        (base / "output" / "failure").unlink(missing_ok=True)
+        is_learner = host == learner
+        resource = {
+            "current_host": host,
+            "current_group_name": settings.learner_group if is_learner else env_group,
+            "current_instance_type": settings.learner_type if is_learner else settings.env_type,
+            "hosts": all_hosts,
+            "instance_groups": groups,
+            "network_interface_name": "lo",
+        }
+        (config / "resourceconfig.json").write_text(json.dumps(resource, indent=2))
+        (config / "hyperparameters.json").write_text(json.dumps(hyperparameters, indent=2))
+        (config / "inputdataconfig.json").write_text("{}")
+    return learner, env_hosts, host_map
+
+
+@dataclasses.dataclass
+class EmulatedCluster:
+    """Started host processes of one emulated job."""
+
+    root: Path
+    learner: str
+    env_hosts: list[str]
+    hosts: dict[str, Child]
+
+
+def start_hosts(settings: EmulateSettings) -> EmulatedCluster:
+    """Write the trees and start every host's entry point (env hosts first)."""
+    root = Path(settings.out).resolve()
+    learner, env_hosts, host_map = build_trees(settings, root)
+    base_env = child_environment(new_token())
+    base_env[HOST_MAP_ENV] = ",".join(f"{h}={a}" for h, a in host_map.items())
+    cluster = EmulatedCluster(root, learner, env_hosts, {})
+    for host in [*env_hosts, learner]:
+        env = dict(base_env, SAGEMAKER_BASE_DIR=str(root / "hosts" / host))
+        # The learner host's log is the run's progress: show it; env hosts log to files.
+        log_path = None if host == learner else root / "hosts" / host / "host.log"
+        cluster.hosts[host] = spawn_command(
+            host, [sys.executable, "-m", "launch.host"], env, log_path
+        )
+    return cluster
+
+
+def run_emulated(settings: EmulateSettings) -> EmulateResult:
+    """Run every emulated host to the end; the job's exit code is 0 only if all hosts' are."""
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    code = EXIT_OK
+    cluster: EmulatedCluster | None = None
+    try:
+        cluster = start_hosts(settings)
+        hosts = cluster.hosts
+        while hosts[cluster.learner].exit_code() is None:
+            time.sleep(0.2)
+        deadline = time.monotonic() + settings.stop_budget + settings.loss_timeout
+        while time.monotonic() < deadline and any(c.exit_code() is None for c in hosts.values()):
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        print("\nhetrl emulate: stopping every host (SIGTERM, as a job stop does)",
+              file=sys.stderr)
+        if cluster is not None:
+            stop_all(list(cluster.hosts.values()), settings.stop_budget)
+        code = EXIT_INTERRUPTED
+    finally:
+        if cluster is not None:
+            stop_all(list(cluster.hosts.values()), 5.0)  # kills only what outlived its budget
+        signal.signal(signal.SIGTERM, previous)
+    if cluster is None:
+        raise ConfigError("the emulated cluster did not start")
+    return collect_result(cluster, code)
+
+
+def collect_result(cluster: EmulatedCluster, code: int = EXIT_OK) -> EmulateResult:
+    """Exit codes and failure files of every host (after they have exited)."""
+    codes = {name: child.exit_code() for name, child in cluster.hosts.items()}
+    failures = {}
+    for name in cluster.hosts:
+        failure = cluster.root / "hosts" / name / "output" / "failure"
+        if failure.exists():
+            failures[name] = failure.read_text()
+    if code == EXIT_OK and any(c != 0 for c in codes.values()):
+        code = EXIT_FAILED
+    return EmulateResult(code, cluster.root, cluster.learner, codes, failures)
+
+
+def report(result: EmulateResult) -> str:
+    """A short table of hosts, exit codes and failure reasons."""
+    lines = [f"{'host':<10} {'role':<8} {'exit':>4}  failure"]
+    for host, code in result.exit_codes.items():
+        role = "learner" if host == result.learner_host else "env"
+        reason = result.failures.get(host, "").splitlines()[0:1]
+        lines.append(f"{host:<10} {role:<8} {code!s:>4}  {reason[0] if reason else ''}")
+    return "\n".join(lines)

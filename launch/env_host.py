@@ -1,0 +1,147 @@
+"""An env host of a cluster job: rollout workers on known ports, a control service, and
+a dead-man's switch.
+
+The host starts one worker process per usable core (or as configured) on its cluster
+address, and serves HostControl beside them: the learner host asks it which workers it
+runs (Describe), proves it is alive (Heartbeat), and ends it (Stop). The host exits 0
+after a Stop or SIGTERM, having stopped its workers. It exits non-zero, with the reason
+in `<base>/output/failure`, when no learner heartbeat arrives within the startup
+timeout, when heartbeats stop for longer than the loss timeout, or when a worker keeps
+crashing, so no env host can keep a job billing after its learner is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+
+from launch.cluster import ClusterView, resolve, usable_cores
+from launch.processes import Child, child_environment, spawn, stop_all
+from launch.settings import ClusterSettings
+from protos import hetrl_pb2, hetrl_pb2_grpc
+from rollout.settings import WorkerSettings, pick
+from rollout.transport import create_server
+
+log = logging.getLogger("hetrl.env_host")
+
+EXIT_OK, EXIT_FAILED = 0, 1
+MAX_WORKER_RESTARTS = 3
+
+
+class HostControl(hetrl_pb2_grpc.HostControlServicer):
+    """The learner host's handle on this host."""
+
+    def __init__(self, host: str, addresses: list[str], cores: int) -> None:
+        self.info = hetrl_pb2.HostInfo(host=host, worker_addresses=addresses, cores=cores)
+        self.first_heartbeat: float | None = None
+        self.last_heartbeat: float | None = None
+        self.stop_reason: str | None = None
+        self.changed = threading.Event()
+
+    def _alive(self) -> None:
+        now = time.monotonic()
+        self.first_heartbeat = self.first_heartbeat or now
+        self.last_heartbeat = now
+
+    def Describe(self, request, context):
+        self._alive()
+        return self.info
+
+    def Heartbeat(self, request, context):
+        self._alive()
+        return hetrl_pb2.HeartbeatReply()
+
+    def Stop(self, request, context):
+        log.info("stop requested by the learner host: %s", request.reason or "no reason")
+        self.stop_reason = request.reason or "stop"
+        self.changed.set()
+        return hetrl_pb2.StopReply(accepted=True)
+
+
+def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) -> int:
+    """Serve until the learner host stops this host; return the exit code."""
+    address = resolve(cluster.current_host, settings.resolve_timeout)
+    count = settings.workers_per_env_host or usable_cores()
+    run_dir = cluster.base_dir / "hetrl"
+    env = child_environment(token)
+    addresses = [f"{address}:{settings.worker_base_port + i}" for i in range(count)]
+    restarts = 0
+
+    def start_worker(i: int) -> Child:
+        worker = pick(
+            WorkerSettings, settings, worker_id=_worker_id(cluster, i), host=address,
+            port=settings.worker_base_port + i, ready_file="",
+            learner_timeout=settings.startup_timeout + settings.loss_timeout,
+        )
+        return spawn(f"worker-{i}", "rollout.worker", worker, run_dir, env)
+
+    control = HostControl(cluster.current_host, addresses, usable_cores())
+
+    def on_signal(signum, _frame):
+        control.stop_reason = f"signal {signal.Signals(signum).name}"
+        control.changed.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    started = time.monotonic()
+    failure: str | None = None
+    server = None
+    # Workers are forked before this process creates any gRPC threads.
+    workers = [start_worker(i) for i in range(count)]
+    try:
+        server, _ = create_server(f"{address}:{settings.control_port}", token)
+        hetrl_pb2_grpc.add_HostControlServicer_to_server(control, server)
+        server.start()
+        log.info("env host %s: %d workers on %s, control on %s:%d", cluster.current_host, count,
+                 address, address, settings.control_port)
+        while control.stop_reason is None:
+            control.changed.wait(0.5)
+            now = time.monotonic()
+            if control.first_heartbeat is None and now - started > settings.startup_timeout:
+                failure = (f"env host {cluster.current_host}: no learner connected within "
+                           f"{settings.startup_timeout:.0f} s (startup_timeout)")
+            elif (control.last_heartbeat is not None
+                  and now - control.last_heartbeat > settings.loss_timeout):
+                failure = (f"env host {cluster.current_host}: learner gone for "
+                           f"{now - control.last_heartbeat:.0f} s (loss_timeout "
+                           f"{settings.loss_timeout:.0f} s)")
+            for i, worker in enumerate(workers):
+                code = worker.exit_code()
+                if code in (None, 0) or failure:
+                    continue
+                restarts += 1
+                if restarts > MAX_WORKER_RESTARTS:
+                    failure = (f"env host {cluster.current_host}: {worker.name} crashed "
+                               f"{restarts} times; last exit code {code}:\n{worker.log_tail()}")
+                    break
+                log.error("%s exited with %d; restarting it", worker.name, code)
+                workers[i] = start_worker(i)
+            if failure:
+                break
+    finally:
+        stop_all(workers, min(settings.stop_budget / 2, 30.0))
+        if server is not None:
+            server.stop(grace=1.0).wait(5.0)
+    if failure:
+        log.error("%s", failure)
+        write_failure(cluster, failure)
+        return EXIT_FAILED
+    log.info("env host %s stopped: %s", cluster.current_host, control.stop_reason)
+    return EXIT_OK
+
+
+def _worker_id(cluster: ClusterView, index: int) -> int:
+    """A job-wide unique worker id: host position in the job times 1000 plus the index."""
+    hosts = [h for group in cluster.groups.values() for h in group]
+    position = hosts.index(cluster.current_host) if cluster.current_host in hosts else 0
+    return position * 1000 + index
+
+
+def write_failure(cluster: ClusterView, reason: str) -> None:
+    """Write the reason SageMaker shows as the job's FailureReason."""
+    path: Path = cluster.failure_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(reason[:1000])

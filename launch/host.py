@@ -1,0 +1,96 @@
+"""The single entry point of every host in a cluster job (`hetrl launch`, `python -m
+launch.host`, or the `launcher.py` SageMaker runs).
+
+It reads the cluster (launch.cluster), builds ClusterSettings from the job's
+hyperparameters (then any command-line flags), and branches on the host's instance
+group: env groups run `run_env_host`, the learner group runs `run_learner_host`; a
+homogeneous job (one group, e.g. a single GPU instance) runs the local mode on its one
+host. Any failure is written to `<base>/output/failure` before a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from launch.cluster import ClusterView, read_cluster, settings_overrides
+from launch.settings import ClusterSettings, LocalSettings
+from rollout.errors import ConfigError, HetrlError
+from rollout.settings import pick
+from rollout.transport import token_from_env
+
+log = logging.getLogger("hetrl.host")
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
+
+
+def settings_for(cluster: ClusterView, argv: list[str]) -> ClusterSettings:
+    """Hyperparameters of the job over the defaults, then command-line flags over both."""
+    try:
+        base = ClusterSettings(**settings_overrides(cluster.hyperparameters, ClusterSettings))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"hyperparameters: {exc}") from exc
+    if not argv:
+        return base
+    import tyro
+
+    return tyro.cli(ClusterSettings, default=base, args=argv, prog="hetrl launch")
+
+
+def run_host(settings: ClusterSettings, cluster: ClusterView) -> int:
+    """Run this host's role; return its exit code."""
+    from launch.env_host import run_env_host
+    from launch.learner_host import run_learner_host
+
+    token = token_from_env()
+    group = cluster.current_group
+    known = (*settings.env_groups, settings.learner_group)
+    if not cluster.is_hetero or len(cluster.groups) == 1:
+        log.info("homogeneous job: running the local mode on %s", cluster.current_host)
+        return _run_homogeneous(settings, cluster)
+    if group in settings.env_groups:
+        return run_env_host(settings, cluster, token)
+    if group == settings.learner_group:
+        return run_learner_host(settings, cluster, token)
+    raise ConfigError(
+        f"this host's instance group {group!r} is neither an env group {settings.env_groups} "
+        f"nor the learner group {settings.learner_group!r}; set the env_groups / "
+        f"learner_group hyperparameters to the group names of the job ({sorted(cluster.groups)}"
+        f", known: {known})"
+    )
+
+
+def _run_homogeneous(settings: ClusterSettings, cluster: ClusterView) -> int:
+    from launch.cluster import usable_cores
+    from launch.local import run_local
+
+    hosts = cluster.groups.get(cluster.current_group, [cluster.current_host])
+    if len(hosts) > 1 and cluster.current_host != hosts[0]:
+        log.info("homogeneous job with %d hosts: only %s trains; this host idles out",
+                 len(hosts), hosts[0])
+        return EXIT_OK
+    workers = settings.workers_per_env_host or max(1, usable_cores() - settings.learner_cores)
+    local = pick(LocalSettings, settings, workers=workers, out=str(cluster.model_dir))
+    return run_local(local).exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    cluster: ClusterView | None = None
+    try:
+        cluster = read_cluster()
+        settings = settings_for(cluster, argv)
+        return run_host(settings, cluster)
+    except HetrlError as exc:
+        log.error("%s", exc)
+        if cluster is not None:
+            from launch.env_host import write_failure
+
+            write_failure(cluster, f"{cluster.current_host}: {exc}")
+        return EXIT_BAD_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""The learner host of a cluster job: find every env host's workers, train, and make
+sure every env host stops afterwards, whatever happened.
+
+It also runs rollout workers on its own spare cores (loopback only), as AWS's example ran
+data workers on its GPU hosts. A heartbeat thread keeps every env host's dead-man's
+switch satisfied while the learner lives. At the end (success, failure or SIGTERM) the
+learner checkpoints, then an authenticated Stop goes to every env host, retried with
+backoff within the stop budget. Failures are written to `<base>/output/failure`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from launch.cluster import ClusterView, resolve, usable_cores
+from launch.env_host import write_failure
+from launch.processes import Child, child_environment, spawn, stop_all, wait_ready_file
+from launch.settings import ClusterSettings
+from learner.learner import Learner
+from learner.settings import LearnerSettings
+from protos import hetrl_pb2, hetrl_pb2_grpc
+from rollout.errors import ConfigError, HetrlError
+from rollout.settings import WorkerSettings, pick
+from rollout.transport import auth_metadata, create_channel
+
+log = logging.getLogger("hetrl.learner_host")
+
+EXIT_OK, EXIT_FAILED = 0, 1
+RPC_DEADLINE = 5.0
+
+
+class EnvHosts:
+    """Control channels to every env host: describe, heartbeat, stop."""
+
+    def __init__(self, hosts: list[str], settings: ClusterSettings, token: str) -> None:
+        self.hosts, self.settings = hosts, settings
+        self.metadata = auth_metadata(token)
+        self.stubs: dict[str, hetrl_pb2_grpc.HostControlStub] = {}
+        self._stop_heartbeats = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+
+    def _stub(self, host: str) -> hetrl_pb2_grpc.HostControlStub:
+        if host not in self.stubs:
+            address = resolve(host, self.settings.resolve_timeout)
+            channel = create_channel(f"{address}:{self.settings.control_port}")
+            self.stubs[host] = hetrl_pb2_grpc.HostControlStub(channel)
+        return self.stubs[host]
+
+    def describe_all(self) -> list[str]:
+        """Every worker address of every env host (retrying until resolve_timeout)."""
+        if not self.hosts:
+            return []
+        with ThreadPoolExecutor(len(self.hosts), thread_name_prefix="describe") as pool:
+            infos = list(pool.map(self._describe, self.hosts))
+        return [a for info in infos for a in info.worker_addresses]
+
+    def _describe(self, host: str) -> hetrl_pb2.HostInfo:
+        deadline = time.monotonic() + self.settings.resolve_timeout
+        delay = 0.2
+        while True:
+            try:
+                info = self._stub(host).Describe(
+                    hetrl_pb2.DescribeRequest(), metadata=self.metadata, timeout=RPC_DEADLINE,
+                    wait_for_ready=True,
+                )
+                log.info("env host %s runs %d workers", host, len(info.worker_addresses))
+                return info
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    raise ConfigError(f"env host {host} refused our token: is HETRL_TOKEN the "
+                                      "same on every host?") from exc
+                if time.monotonic() + delay > deadline:
+                    raise ConfigError(
+                        f"env host {host} did not answer within {self.settings.resolve_timeout:.0f}"
+                        f" s (resolve_timeout): {exc.code().name}"
+                    ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def start_heartbeats(self) -> None:
+        interval = max(0.2, min(5.0, self.settings.loss_timeout / 4))
+
+        def beat() -> None:
+            while not self._stop_heartbeats.wait(interval):
+                for host in self.hosts:
+                    try:
+                        self._stub(host).Heartbeat(
+                            hetrl_pb2.HeartbeatRequest(learner="learner"),
+                            metadata=self.metadata, timeout=min(RPC_DEADLINE, interval),
+                        )
+                    except (grpc.RpcError, HetrlError) as exc:
+                        log.warning("heartbeat to %s failed: %s", host, exc)
+
+        self._heartbeat_thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+
+    def stop_all(self, reason: str, budget: float) -> list[str]:
+        """Stop every env host, retrying with backoff within `budget` s; return the
+        hosts that never confirmed."""
+        self._stop_heartbeats.set()
+        deadline = time.monotonic() + budget
+
+        def stop(host: str) -> str | None:
+            delay = 0.2
+            while time.monotonic() < deadline:
+                try:
+                    self._stub(host).Stop(
+                        hetrl_pb2.StopRequest(reason=reason), metadata=self.metadata,
+                        timeout=min(RPC_DEADLINE, max(0.1, deadline - time.monotonic())),
+                    )
+                    return None
+                except (grpc.RpcError, HetrlError) as exc:
+                    log.warning("stop of %s failed (%s); retrying", host, exc)
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 5.0)
+            return host
+
+        if not self.hosts:
+            return []
+        with ThreadPoolExecutor(len(self.hosts), thread_name_prefix="stop-host") as pool:
+            return [h for h in pool.map(stop, self.hosts) if h is not None]
+
+
+def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str) -> int:
+    """Train with every env host's workers; return the exit code."""
+    learner_hosts = cluster.groups.get(settings.learner_group, [])
+    if len(learner_hosts) != 1:
+        raise ConfigError(
+            f"learner group {settings.learner_group!r} has {len(learner_hosts)} hosts; hetrl "
+            "trains on one learner host (set its instance count to 1)"
+        )
+    env_hosts = EnvHosts(cluster.hosts_of(settings.env_groups), settings, token)
+    local: list[Child] = []
+    learner: Learner | None = None
+    stop_reason: list[str] = []
+
+    def on_signal(signum, _frame):
+        stop_reason.append(f"signal {signal.Signals(signum).name}")
+        if learner is not None:
+            learner.request_stop(stop_reason[-1])
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    code, reason = EXIT_FAILED, "failed"
+    try:
+        local_addresses = _start_local_workers(settings, cluster, token, local)
+        addresses = local_addresses + env_hosts.describe_all()
+        if not addresses:
+            raise ConfigError("no rollout workers: the env groups are empty and "
+                              "learner_host_workers is 0")
+        env_hosts.start_heartbeats()
+        learner_settings = pick(LearnerSettings, settings, worker_addresses=tuple(addresses),
+                                out=str(cluster.model_dir))
+        learner = Learner(learner_settings, token)
+        if stop_reason:
+            learner.request_stop(stop_reason[-1])
+        log.info("learner connecting to %d workers (%d on this host)", len(addresses),
+                 len(local_addresses))
+        code = learner.run()
+        reason = "training finished" if code == EXIT_OK else "learner failed"
+        if code != EXIT_OK:
+            write_failure(cluster, f"learner host {cluster.current_host}: learner failed; "
+                          "see its log")
+    except HetrlError as exc:
+        log.error("%s", exc)
+        write_failure(cluster, f"learner host {cluster.current_host}: {exc}")
+        reason = f"learner host failed: {exc}"
+    finally:
+        unconfirmed = env_hosts.stop_all(reason, settings.stop_budget / 2)
+        if unconfirmed:
+            log.error("env hosts %s did not confirm the stop; their dead-man's switch "
+                      "ends them within loss_timeout", unconfirmed)
+        stop_all(local, 10.0)
+    return code
+
+
+def _start_local_workers(
+    settings: ClusterSettings, cluster: ClusterView, token: str, children: list[Child]
+) -> list[str]:
+    count = settings.learner_host_workers
+    if count < 0:
+        count = max(0, usable_cores() - settings.learner_cores)
+    run_dir = cluster.base_dir / "hetrl"
+    env = child_environment(token)
+    for i in range(count):
+        ready = run_dir / f"local-worker-{i}.ready"
+        ready.unlink(missing_ok=True)
+        worker = pick(WorkerSettings, settings, worker_id=900_000 + i, host="127.0.0.1",
+                      port=0, ready_file=str(ready),
+                      learner_timeout=settings.resolve_timeout + settings.loss_timeout)
+        children.append(spawn(f"local-worker-{i}", "rollout.worker", worker, run_dir, env))
+    return [
+        wait_ready_file(child, run_dir / f"local-worker-{i}.ready", settings.resolve_timeout)
+        for i, child in enumerate(children)
+    ]

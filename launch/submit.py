@@ -1,0 +1,422 @@
+"""Submission of a hetrl run as one SageMaker heterogeneous-cluster training job.
+
+Turns `SubmitSettings` into a sagemaker SDK v3 `ModelTrainer` (an env instance group and a
+learner instance group, hetrl's code staged with the user's, hyperparameters, checkpoints,
+optional spot) and creates the job, or with --dry-run prints the CreateTrainingJob request.
+The dry run drives the very SDK path of a real submission, offline: boto clients whose
+botocore `before-call` hook answers every call AccessDenied before anything is signed or
+sent, an S3 upload that only computes its URI, and CreateTrainingJob stopped after botocore
+has validated it against the service model; its JSON body is what is printed. So the
+printed request is the SDK's own, not a hand-written mirror that could drift. This module
+must not run training, must not be imported on the hosts, and must not import the SDK at
+module level: the SDK is the optional extra `hetrl[sagemaker]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from launch.settings import ClusterSettings
+from rollout.errors import ConfigError
+from rollout.settings import _chain_post_init, require
+
+log = logging.getLogger(__name__)
+
+PACKAGES = ("protos", "rollout", "learner", "launch")
+"""hetrl's own packages, copied into the job's code directory."""
+ENTRY_SCRIPT = "launcher.py"
+LAUNCHER = "from launch.host import main\nraise SystemExit(main())\n"
+REQUIREMENTS = "requirements.txt"
+_RESERVED = (*PACKAGES, ENTRY_SCRIPT, REQUIREMENTS)
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
+_ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/\S+")
+_S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?")
+_JOB_PREFIX = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")
+_JOB_PREFIX_MAX = 63 - 15  # the SDK appends -YYYYmmddHHMMSS to the 63-character name
+
+
+@dataclasses.dataclass
+class SubmitSettings(ClusterSettings):
+    """`hetrl submit`: create the SageMaker job; training flags reach its hosts as
+    hyperparameters (see `hyperparameters`)."""
+
+    role: str = ""
+    """IAM role ARN the job runs as (arn:aws:iam::ACCOUNT:role/NAME)."""
+    region: str = ""
+    """AWS region of the job, e.g. us-east-1."""
+    image: str = ""
+    """Training image URI; empty resolves the AWS PyTorch training image for --region."""
+    pytorch_version: str = "2.8"
+    """PyTorch version of the resolved image (ignored with --image)."""
+    python_version: str = "py312"
+    """Python version tag of the resolved image, e.g. py312 (ignored with --image)."""
+    env_type: str = "ml.c5.9xlarge"
+    """Instance type of the env hosts (rollout workers)."""
+    env_count: int = 1
+    """Number of env hosts."""
+    learner_type: str = "ml.g5.2xlarge"
+    """Instance type of the single learner host."""
+    output: str = ""
+    """S3 URI under which the job writes its model and output, and its code is staged."""
+    spot: bool = False
+    """Run on managed spot capacity (checkpoints let an interrupted job resume)."""
+    max_run: int = 86_400
+    """Seconds the job may run before SageMaker stops it."""
+    max_wait: int = 0
+    """With --spot: seconds of spot wait plus run time, > --max-run; 0 is twice --max-run."""
+    checkpoint_s3: str = ""
+    """S3 URI synced with --checkpoint-dir; empty is a new folder per job under --output."""
+    source_dir: str = ""
+    """Your code directory (custom env modules...), merged at the top of the job's code."""
+    requirements: str = ""
+    """Requirements file inside --source-dir, installed on every host."""
+    job_name: str = ""
+    """Job name prefix (a timestamp is appended); empty is hetrl-<env>."""
+    volume_size_gb: int = 30
+    """Storage volume of each host, in GB."""
+    dry_run: bool = False
+    """Print the CreateTrainingJob request as JSON and send nothing (no credentials needed)."""
+
+    def __post_init__(self) -> None:
+        require(bool(_ROLE_ARN.fullmatch(self.role)),
+                f"--role must be an IAM role ARN like arn:aws:iam::123456789012:role/Name, "
+                f"got {self.role!r}")
+        require(bool(re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", self.region)),
+                f"--region must name an AWS region like us-east-1, got {self.region!r}")
+        self.output = self.output.rstrip("/")
+        require(bool(_S3_URI.fullmatch(self.output)),
+                f"--output must be an S3 URI like s3://bucket/prefix, got {self.output!r}")
+        require(not self.checkpoint_s3 or bool(_S3_URI.fullmatch(self.checkpoint_s3)),
+                f"--checkpoint-s3 must be an S3 URI, got {self.checkpoint_s3!r}")
+        for name in ("env_type", "learner_type"):
+            value = getattr(self, name)
+            require(value.startswith("ml."),
+                    f"--{name.replace('_', '-')} must be a SageMaker instance type like "
+                    f"ml.c5.9xlarge, got {value!r}")
+        require(self.env_count >= 1, f"--env-count must be >= 1, got {self.env_count}")
+        require(len(tuple(self.env_groups)) == 1,
+                "hetrl submit creates one env instance group: give a single --env-groups name")
+        require(self.max_run >= 1, f"--max-run must be >= 1, got {self.max_run}")
+        if self.spot:
+            require(self.spot_max_wait > self.max_run,
+                    f"--max-wait ({self.max_wait}) must exceed --max-run ({self.max_run}) "
+                    "with --spot, or be 0 for twice --max-run")
+        else:
+            require(self.max_wait == 0, "--max-wait applies only with --spot")
+        require(self.volume_size_gb >= 1, "--volume-size-gb must be >= 1")
+        require(not self.job_name or (len(self.job_name) <= _JOB_PREFIX_MAX
+                                      and bool(_JOB_PREFIX.fullmatch(self.job_name))),
+                f"--job-name must be letters, digits and hyphens, at most {_JOB_PREFIX_MAX} "
+                f"characters, got {self.job_name!r}")
+        require(not self.source_dir or Path(self.source_dir).is_dir(),
+                f"--source-dir {self.source_dir!r} is not a directory")
+        require(not self.requirements or (bool(self.source_dir) and (
+            Path(self.source_dir) / self.requirements).is_file()),
+                f"--requirements {self.requirements!r} must name a file inside --source-dir")
+        _chain_post_init(self, SubmitSettings)
+
+    @property
+    def spot_max_wait(self) -> int:
+        """MaxWaitTimeInSeconds of a spot job: --max-wait, or twice --max-run when 0."""
+        return self.max_wait or 2 * self.max_run
+
+
+def hyperparameters(settings: ClusterSettings) -> dict[str, str]:
+    """Each ClusterSettings field that differs from its default, as name -> JSON value
+    (tuples as lists); the host entry point parses them back into ClusterSettings.
+
+    Raises:
+        ConfigError: more than 100 of them, or one over 2500 characters (the API's limits).
+    """
+    values = {}
+    for field in dataclasses.fields(ClusterSettings):
+        default = (field.default if field.default is not dataclasses.MISSING
+                   else field.default_factory())  # type: ignore[misc]
+        value = getattr(settings, field.name)
+        if value != default:
+            values[field.name] = json.dumps(value)
+    require(len(values) <= 100, f"{len(values)} settings differ from their defaults; a job "
+            "takes at most 100 hyperparameters")
+    for key, value in values.items():
+        require(len(value) <= 2500, f"--{key.replace('_', '-')} is too long for a "
+                "hyperparameter (2500 characters)")
+    return values
+
+
+def job_prefix(settings: SubmitSettings) -> str:
+    """Base job name: --job-name, or hetrl-<env id> made name-safe."""
+    prefix = settings.job_name or "hetrl-" + re.sub(r"[^a-zA-Z0-9]+", "-", settings.env)
+    return prefix[:_JOB_PREFIX_MAX].strip("-")
+
+
+def runtime_requirements() -> list[str]:
+    """hetrl's runtime dependencies but torch (the image has it), without extras.
+
+    Read from the installed metadata, which pip generates from pyproject's
+    [project].dependencies: works for editable and wheel installs, and without tomllib.
+
+    Raises:
+        ConfigError: hetrl is not installed.
+    """
+    try:
+        requires = importlib.metadata.requires("hetrl") or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ConfigError("hetrl is not installed: pip install -e . (or the wheel)") from exc
+    return [line for line in requires if "extra ==" not in line
+            and re.split(r"[^A-Za-z0-9._-]", line.strip(), maxsplit=1)[0].lower() != "torch"]
+
+
+def stage_code(settings: SubmitSettings, into: Path) -> None:
+    """Fill `into` with the job's code: hetrl's packages, launcher.py, requirements.txt
+    (hetrl's runtime dependencies, then the lines of --requirements) and the contents of
+    --source-dir merged at the top, so user modules import by their own names (the code
+    directory is the entry script's working directory) and relative paths still hold.
+
+    Raises:
+        ConfigError: --source-dir holds a top-level name hetrl needs for itself.
+    """
+    for name in PACKAGES:
+        shutil.copytree(_package_dir(name), into / name, ignore=_IGNORE)
+    lines = runtime_requirements()
+    if settings.source_dir:
+        source = Path(settings.source_dir)
+        allowed = {REQUIREMENTS} if Path(settings.requirements) == Path(REQUIREMENTS) else set()
+        clashes = sorted((set(_RESERVED) - allowed) & {e.name for e in source.iterdir()})
+        require(not clashes, f"--source-dir {source} has {', '.join(clashes)} at its top, "
+                "which hetrl's job code uses: rename or move them (a requirements.txt "
+                "there is fine when passed as --requirements)")
+        shutil.copytree(source, into, ignore=_IGNORE, dirs_exist_ok=True)
+        if settings.requirements:
+            lines += (source / settings.requirements).read_text().splitlines()
+    (into / REQUIREMENTS).write_text("\n".join(lines) + "\n")
+    (into / ENTRY_SCRIPT).write_text(LAUNCHER)
+
+
+def build_request(settings: SubmitSettings) -> dict[str, Any]:
+    """The CreateTrainingJob request of `settings` as the SDK builds it, with a fresh
+    HETRL_TOKEN; needs neither credentials nor network, and sends nothing.
+
+    Raises:
+        ConfigError: the SDK is missing, or it or botocore refuses the settings.
+    """
+    return _drive(settings, dry_run=True)
+
+
+def submit(settings: SubmitSettings) -> str:
+    """Create the training job (without waiting for it) and return its name.
+
+    Raises:
+        ConfigError: the SDK or AWS credentials are missing, or SageMaker refuses the job.
+    """
+    return _drive(settings, dry_run=False)["TrainingJobName"]
+
+
+def run_submit(settings: SubmitSettings) -> int:
+    """`hetrl submit`: print the dry-run request (JSON) or the created job's name; 0."""
+    if settings.dry_run:
+        # The request includes HETRL_TOKEN in clear: whoever can DescribeTrainingJob sees it.
+        print(json.dumps(build_request(settings), indent=2, sort_keys=True, default=str))
+    else:
+        print(submit(settings))
+    return 0
+
+
+def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any) -> Any:
+    """The sagemaker `ModelTrainer` of `settings`, with `code_dir` as its source code.
+
+    Raises:
+        ConfigError: the SDK is missing or no image can be resolved.
+    """
+    _require_sdk()
+    from sagemaker.core.training import configs
+    from sagemaker.train.model_trainer import ModelTrainer
+
+    groups = [
+        configs.InstanceGroup(instance_group_name=settings.env_groups[0],
+                              instance_type=settings.env_type, instance_count=settings.env_count),
+        configs.InstanceGroup(instance_group_name=settings.learner_group,
+                              instance_type=settings.learner_type, instance_count=1),
+    ]
+    return ModelTrainer(
+        sagemaker_session=session,
+        role=settings.role,
+        base_job_name=job_prefix(settings),
+        training_image=training_image(settings),
+        # `command`, not `entry_script`: the SDK's script driver would also pass every
+        # hyperparameter as `--key value` (lists as "[64, 64]", bools as "false"), which the
+        # entry point's flag parser refuses; it reads them from hyperparameters.json instead.
+        source_code=configs.SourceCode(source_dir=str(code_dir), requirements=REQUIREMENTS,
+                                       command=f"python3 {ENTRY_SCRIPT}"),
+        compute=configs.Compute(instance_groups=groups, volume_size_in_gb=settings.volume_size_gb,
+                                enable_managed_spot_training=settings.spot),
+        stopping_condition=configs.StoppingCondition(
+            max_runtime_in_seconds=settings.max_run,
+            max_wait_time_in_seconds=settings.spot_max_wait if settings.spot else None),
+        output_data_config=configs.OutputDataConfig(s3_output_path=settings.output),
+        # An empty S3 URI lets the SDK pick <output>/<base name>/<job name>/checkpoints, so
+        # a new job never resumes from an older job's checkpoints by accident.
+        checkpoint_config=configs.CheckpointConfig(s3_uri=settings.checkpoint_s3 or None,
+                                                   local_path=settings.checkpoint_dir),
+        hyperparameters=hyperparameters(settings),
+        # Visible in clear to whoever may DescribeTrainingJob; hosts mask it in their logs.
+        environment={"HETRL_TOKEN": secrets.token_urlsafe(32)},
+    )
+
+
+def training_image(settings: SubmitSettings) -> str:
+    """--image, or the AWS PyTorch training image for the region (resolved offline).
+
+    Raises:
+        ConfigError: the SDK knows no such image.
+    """
+    if settings.image:
+        return settings.image
+    from sagemaker.core import image_uris
+
+    try:
+        return image_uris.retrieve(
+            "pytorch", region=settings.region, version=settings.pytorch_version,
+            py_version=settings.python_version or None, instance_type=settings.learner_type,
+            image_scope="training")
+    except ValueError as exc:
+        raise ConfigError(
+            f"no PyTorch training image for --pytorch-version {settings.pytorch_version} "
+            f"--python-version {settings.python_version} in {settings.region} ({exc}); "
+            "pick others or pass --image URI") from exc
+
+
+class _Stop(Exception):
+    """Ends a dry run at CreateTrainingJob, from botocore's before-call hook."""
+
+
+class _Capture:
+    """botocore before-call hook: keeps CreateTrainingJob's JSON body (already validated
+    by botocore); offline, it stops there and answers every other call AccessDenied, unsigned
+    and unsent, which the SDK treats like a caller without that permission."""
+
+    def __init__(self, offline: bool) -> None:
+        self.offline = offline
+        self.request: dict[str, Any] | None = None
+
+    def __call__(self, model: Any, params: dict[str, Any], **_: Any) -> Any:
+        from botocore.awsrequest import AWSResponse
+
+        operation = f"{model.service_model.service_name}.{model.name}"
+        if operation == "sagemaker.CreateTrainingJob":
+            self.request = json.loads(params["body"])
+            if self.offline:
+                raise _Stop
+            return None
+        if not self.offline:
+            return None
+        log.debug("dry run: answered %s with AccessDenied", operation)
+        error = {"Code": "AccessDenied", "Message": f"hetrl dry run: {operation} not sent"}
+        return AWSResponse(params["url"], 403, {}, None), {"Error": error}
+
+
+def _refuse_send(request: Any, **_: Any) -> None:
+    raise ConfigError(f"hetrl dry run: refusing to send a request to {request.url}")
+
+
+def _drive(settings: SubmitSettings, dry_run: bool) -> dict[str, Any]:
+    from unittest import mock  # patch.dict: a scoped, restored environment change
+
+    _require_sdk()
+    import boto3
+    import botocore.session
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    from sagemaker.core.helper.iam_role_resolver import RoleValidationError
+
+    capture = _Capture(offline=dry_run)
+    core = botocore.session.Session()
+    if dry_run:
+        core.set_credentials("hetrl-dry-run", "hetrl-dry-run")
+        core.register("before-send", _refuse_send)
+    core.register("before-call", capture)
+    boto_session = boto3.Session(botocore_session=core, region_name=settings.region)
+    # Offline the SDK's IAM check of --role cannot run: skip it rather than warn.
+    skip_role_check = {"SAGEMAKER_VALIDATE_ROLE": "false"} if dry_run else {}
+    with tempfile.TemporaryDirectory(prefix="hetrl-job-") as code_dir:
+        stage_code(settings, Path(code_dir))
+        try:
+            with mock.patch.dict(os.environ, skip_role_check):
+                trainer = build_trainer(settings, Path(code_dir),
+                                        _session(settings, boto_session, dry_run))
+            trainer.train(wait=False, logs=False)
+        except _Stop:
+            pass
+        except NoCredentialsError as exc:
+            raise ConfigError("no AWS credentials: configure them (aws configure, "
+                              "AWS_PROFILE, ...) or use --dry-run") from exc
+        except RoleValidationError as exc:
+            raise ConfigError(f"--role cannot run the job: {exc}") from exc
+        except (BotoCoreError, ClientError) as exc:
+            raise ConfigError(f"SageMaker refused the job: {exc}; check the settings, "
+                              "--role, --region, your permissions and quotas") from exc
+        except ValueError as exc:  # the SDK's own checks (ConfigError passes through)
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"the sagemaker SDK refused the settings: {exc}") from exc
+    if capture.request is None:
+        raise ConfigError("the sagemaker SDK never called CreateTrainingJob: "
+                          "hetrl needs sagemaker>=3.27,<4")
+    return capture.request
+
+
+def _session(settings: SubmitSettings, boto_session: Any, dry_run: bool) -> Any:
+    """A sagemaker Session that stages code under --output; with dry_run, offline."""
+    from sagemaker.core.config.config import load_sagemaker_config
+    from sagemaker.core.helper.session_helper import Session
+
+    output_bucket, _, prefix = settings.output.removeprefix("s3://").partition("/")
+    if not dry_run:
+        return Session(boto_session=boto_session, default_bucket=output_bucket,
+                       default_bucket_prefix=prefix or None)
+
+    class OfflineSession(Session):
+        """Knows its bucket without asking S3; `upload_data` returns the URI, uploads nothing."""
+
+        def default_bucket(self) -> str:
+            return output_bucket
+
+        def upload_data(self, path, bucket=None, key_prefix="data", callback=None,
+                        extra_args=None):
+            bucket, key_prefix = self.determine_bucket_and_prefix(
+                bucket=bucket, key_prefix=key_prefix, sagemaker_session=self)
+            name = "" if os.path.isdir(path) else "/" + os.path.basename(path)
+            return f"s3://{bucket}/{key_prefix}{name}"
+
+    # The user's SDK defaults apply as in a real submission, plus the SDK's telemetry
+    # opt-out (a config key; v3 has no environment variable for it), so nothing phones home.
+    config = load_sagemaker_config(s3_resource=boto_session.resource("s3"))
+    config.setdefault("SchemaVersion", "1.0")
+    sdk = config.setdefault("SageMaker", {}).setdefault("PythonSDK", {})
+    sdk.setdefault("Modules", {})["TelemetryOptOut"] = True
+    return OfflineSession(boto_session=boto_session, default_bucket=output_bucket,
+                          default_bucket_prefix=prefix or None, sagemaker_config=config)
+
+
+def _require_sdk() -> None:
+    try:
+        import sagemaker.train.model_trainer  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("hetrl submit needs the sagemaker SDK v3: "
+                          "pip install 'hetrl[sagemaker]'") from exc
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"cannot find hetrl's package {name!r}: reinstall hetrl")
+    return Path(next(iter(spec.submodule_search_locations)))

@@ -1,0 +1,70 @@
+"""Learner checkpoints: written atomically, the newest K kept, resumed with a fallback.
+
+A checkpoint is one `torch.save` of plain containers and tensors (policy state dict,
+optimizer state dict, step counters), loaded only with `weights_only=True`, so loading
+one can never run code. Writing goes to a temporary file that is fsynced and renamed,
+then the directory is fsynced, so a crash leaves either the old or the new checkpoint,
+never half of one. A corrupt newest checkpoint makes `load_latest` fall back to the
+previous one with a warning. No training logic here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("hetrl.checkpoint")
+
+_NAME = re.compile(r"ckpt-(\d{12})\.pt")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """Checkpoint files in `directory`, newest (highest step) first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _NAME.fullmatch(p.name)]
+    return sorted(found, key=lambda p: int(_NAME.fullmatch(p.name).group(1)), reverse=True)
+
+
+def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write `state` as the checkpoint of `step`; delete all but the newest `keep`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"ckpt-{step:012d}.pt"
+    tmp = directory / f".{target.name}.tmp"
+    with tmp.open("wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(target)
+    _fsync_dir(directory)
+    for old in checkpoints(directory)[keep:]:
+        old.unlink(missing_ok=True)
+    return target
+
+
+def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads, or None; unreadable ones are skipped with a warning."""
+    for path in checkpoints(directory):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # truncated, corrupt, or not ours
+            log.warning("checkpoint %s is unreadable (%s); trying the previous one", path, exc)
+            continue
+        if not isinstance(state, dict) or "policy" not in state:
+            log.warning("checkpoint %s has no policy state; trying the previous one", path)
+            continue
+        return path, state
+    return None

@@ -1,0 +1,164 @@
+"""Reading the job (resource config, hyperparameters) and the host entry point's branching,
+on SageMaker-shaped trees written by the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from launch.cluster import parse_host_map, resolve, settings_overrides
+from launch.env_host import HostControl
+from launch.settings import ClusterSettings
+from protos import hetrl_pb2, hetrl_pb2_grpc
+from rollout.errors import ConfigError
+from rollout.transport import auth_metadata, create_channel, create_server
+from tests.helpers import ROOT
+
+DESIGN_EXAMPLE = {
+    "current_group_name": "env_group", "current_host": "algo-1",
+    "current_instance_type": "ml.c5.9xlarge", "hosts": ["algo-1", "algo-2", "algo-3"],
+    "instance_groups": [
+        {"instance_group_name": "env_group", "instance_type": "ml.c5.9xlarge",
+         "hosts": ["algo-3", "algo-1"]},
+        {"instance_group_name": "learner_group", "instance_type": "ml.g5.2xlarge",
+         "hosts": ["algo-2"]}],
+    "network_interface_name": "eth0",
+}
+
+
+def write_tree(base: Path, resource: dict, hyperparameters: dict) -> Path:
+    config = base / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "resourceconfig.json").write_text(json.dumps(resource))
+    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+    (config / "inputdataconfig.json").write_text("{}")
+    return base
+
+
+def run_host(base: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SAGEMAKER_BASE_DIR=str(base), HETRL_TOKEN="t",
+               HETRL_HOST_MAP="algo-1=127.0.0.1,algo-2=127.0.0.2,algo-3=127.0.0.3")
+    return subprocess.run([sys.executable, "-m", "launch.host", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_cluster_in(base: Path) -> dict:
+    """read_cluster runs in a child: sagemaker_training reads its base dir at import."""
+    code = ("import json; from launch.cluster import read_cluster; c = read_cluster(); "
+            "print(json.dumps({'host': c.current_host, 'group': c.current_group, "
+            "'groups': c.groups, 'hetero': c.is_hetero, 'hp': c.hyperparameters, "
+            "'env_hosts': c.hosts_of(('env_group',)), 'model': str(c.model_dir)}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, SAGEMAKER_BASE_DIR=str(base)), timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_reads_the_design_example_without_sorting(tmp_path: Path) -> None:
+    base = write_tree(tmp_path, DESIGN_EXAMPLE, {"total_steps": "1000", "env": '"Pendulum-v1"'})
+    view = read_cluster_in(base)
+    assert view["host"] == "algo-1" and view["group"] == "env_group" and view["hetero"]
+    assert view["env_hosts"] == ["algo-3", "algo-1"]  # as configured, not sorted
+    assert view["groups"]["learner_group"] == ["algo-2"]
+    assert view["hp"] == {"total_steps": 1000, "env": "Pendulum-v1"}
+    assert view["model"] == str(base / "model")
+
+
+def test_hyperparameters_map_onto_settings() -> None:
+    values = settings_overrides({
+        "total_steps": 5000, "learning-rate": "0.0003", "anneal_lr": "false",
+        "hidden_sizes": "[32, 32]", "env_groups": "cpu_a,cpu_b", "vector_mode": "sync",
+        "env": "CartPole-v1", "sagemaker_program": "launcher.py",
+    }, ClusterSettings)
+    settings = ClusterSettings(**values)
+    assert settings.total_steps == 5000 and settings.learning_rate == pytest.approx(3e-4)
+    assert settings.anneal_lr is False and settings.hidden_sizes == (32, 32)
+    assert settings.env_groups == ("cpu_a", "cpu_b") and settings.vector_mode == "sync"
+
+
+@pytest.mark.parametrize(
+    "hyperparameters, match",
+    [
+        ({"total_step": 5}, "unknown hyperparameter 'total_step'; did you mean total_steps"),
+        ({"total_steps": "many"}, "total_steps='many' is malformed"),
+        ({"total_steps": 1.5}, "expected an integer"),
+        ({"anneal_lr": "maybe"}, "expected true or false"),
+        ({"vector_mode": "turbo"}, "expected one of"),
+    ],
+)
+def test_bad_hyperparameters_are_clear_errors(hyperparameters: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        settings_overrides(hyperparameters, ClusterSettings)
+
+
+def test_host_map_and_resolve() -> None:
+    assert parse_host_map("algo-1=127.0.0.1, algo-2=127.0.0.2") == {
+        "algo-1": "127.0.0.1", "algo-2": "127.0.0.2"}
+    with pytest.raises(ConfigError, match="name=address"):
+        parse_host_map("algo-1")
+    assert resolve("localhost", 1.0) == "127.0.0.1"
+
+
+def test_unknown_group_writes_the_failure_file(tmp_path: Path) -> None:
+    resource = dict(DESIGN_EXAMPLE, current_group_name="mystery_group")
+    resource["instance_groups"] = [*DESIGN_EXAMPLE["instance_groups"],
+                                   {"instance_group_name": "mystery_group", "hosts": ["algo-1"]}]
+    base = write_tree(tmp_path, resource, {})
+    result = run_host(base)
+    assert result.returncode == 2, result.stderr
+    failure = (base / "output" / "failure").read_text()
+    assert "mystery_group" in failure and "learner_group" in failure
+
+
+def test_unknown_hyperparameter_fails_the_host_clearly(tmp_path: Path) -> None:
+    base = write_tree(tmp_path, DESIGN_EXAMPLE, {"totl_steps": "5"})
+    result = run_host(base)
+    assert result.returncode == 2
+    assert "unknown hyperparameter 'totl_steps'" in (base / "output" / "failure").read_text()
+
+
+def test_two_learner_hosts_are_refused(tmp_path: Path) -> None:
+    resource = dict(DESIGN_EXAMPLE, current_group_name="learner_group", current_host="algo-2")
+    resource["instance_groups"] = [
+        DESIGN_EXAMPLE["instance_groups"][0],
+        {"instance_group_name": "learner_group", "hosts": ["algo-2", "algo-4"]},
+    ]
+    base = write_tree(tmp_path, resource, {"learner_host_workers": "0"})
+    result = run_host(base)
+    assert result.returncode == 2, result.stderr
+    assert "has 2 hosts" in (base / "output" / "failure").read_text()
+
+
+def test_env_host_without_learner_fails_after_startup_timeout(tmp_path: Path) -> None:
+    base = write_tree(tmp_path, DESIGN_EXAMPLE, {
+        "startup_timeout": "3", "workers_per_env_host": "1", "control_port": "47311",
+        "worker_base_port": "47312"})
+    result = run_host(base, timeout=60)
+    assert result.returncode == 1, result.stderr
+    failure = (base / "output" / "failure").read_text()
+    assert "no learner connected within 3 s" in failure
+
+
+def test_stop_needs_the_token() -> None:
+    control = HostControl("algo-1", ["127.0.0.1:1"], 2)
+    server, port = create_server("127.0.0.1:0", "secret")
+    hetrl_pb2_grpc.add_HostControlServicer_to_server(control, server)
+    server.start()
+    try:
+        stub = hetrl_pb2_grpc.HostControlStub(create_channel(f"127.0.0.1:{port}"))
+        for metadata in ((), auth_metadata("wrong")):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Stop(hetrl_pb2.StopRequest(reason="x"), metadata=metadata, timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert control.stop_reason is None
+        reply = stub.Stop(hetrl_pb2.StopRequest(reason="done"),
+                          metadata=auth_metadata("secret"), timeout=5)
+        assert reply.accepted and control.stop_reason == "done"
+    finally:
+        server.stop(0)

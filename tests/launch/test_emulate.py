@@ -1,0 +1,96 @@
+"""An emulated heterogeneous job: every host is a real `python -m launch.host` process
+with its own SageMaker tree and loopback address, exactly as a real host would run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from launch.emulate import EmulateSettings, collect_result, run_emulated, start_hosts
+from launch.processes import stop_all
+from tests.helpers import hetrl, wait_for
+
+
+def learner_progress(cluster_root: Path, learner: str) -> int:
+    metrics = cluster_root / "hosts" / learner / "model" / "metrics.jsonl"
+    if not metrics.exists():
+        return 0
+    lines = metrics.read_text().splitlines()
+    return json.loads(lines[-1])["global_step"] if lines else 0
+
+
+@pytest.mark.slow
+def test_emulated_cluster_solves_cartpole(tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    proc = hetrl("emulate", "--env-hosts", "2", "--env", "CartPole-v1", "--total-steps",
+                 "300000", "--seed", "1", "--out", str(out))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    summary = json.loads((out / "hosts" / "algo-2" / "model" / "summary.json").read_text())
+    assert summary["mean_return_100"] >= 475, summary
+    assert len(summary["workers"]) == 4  # 2 env hosts x 2 workers
+    assert {w.rsplit(":", 1)[0] for w in summary["workers"]} == {"127.0.0.1", "127.0.0.3"}
+    assert (out / "hosts" / "algo-2" / "model" / "model.safetensors").exists()
+    for host in ("algo-1", "algo-3"):
+        assert not (out / "hosts" / host / "output" / "failure").exists()
+
+
+def test_killed_learner_host_ends_every_env_host(tmp_path: Path) -> None:
+    settings = EmulateSettings(env_hosts=2, total_steps=100_000_000, loss_timeout=4.0,
+                               out=str(tmp_path / "k"), progress=False)
+    cluster = start_hosts(settings)
+    try:
+        wait_for(lambda: learner_progress(cluster.root, cluster.learner) > 0, 120,
+                 "the learner to train")
+        killed_at = time.monotonic()
+        cluster.hosts[cluster.learner].process.send_signal(signal.SIGKILL)
+        env_children = [cluster.hosts[h] for h in cluster.env_hosts]
+        wait_for(lambda: all(c.exit_code() is not None for c in env_children), 60,
+                 "env hosts to exit")
+        elapsed = time.monotonic() - killed_at
+    finally:
+        stop_all(list(cluster.hosts.values()), 5.0)
+    result = collect_result(cluster)
+    for host in cluster.env_hosts:
+        assert result.exit_codes[host] == 1
+        assert "learner gone for" in result.failures[host]
+    # Detected within the loss timeout plus the supervisor's 0.5 s poll and shutdown.
+    assert elapsed < settings.loss_timeout + 10, elapsed
+    print(f"env hosts exited {elapsed:.1f} s after the learner host was killed "
+          f"(loss_timeout {settings.loss_timeout} s)")
+
+
+def test_sigterm_everywhere_checkpoints_and_a_new_run_resumes(tmp_path: Path) -> None:
+    settings = EmulateSettings(env_hosts=1, workers_per_env_host=2, total_steps=100_000_000,
+                               stop_budget=30.0, out=str(tmp_path / "t"), progress=False)
+    cluster = start_hosts(settings)
+    try:
+        wait_for(lambda: learner_progress(cluster.root, cluster.learner) > 20_000, 120,
+                 "the learner to train")
+        start = time.monotonic()
+        for child in cluster.hosts.values():  # what a job stop or spot interruption does
+            child.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: all(c.exit_code() is not None for c in cluster.hosts.values()),
+                 settings.stop_budget, "every host to exit within the stop budget")
+        elapsed = time.monotonic() - start
+    finally:
+        stop_all(list(cluster.hosts.values()), 5.0)
+    result = collect_result(cluster)
+    assert set(result.exit_codes.values()) == {0}, (result.exit_codes, result.failures)
+    checkpoints = list((cluster.root / "hosts" / cluster.learner / "checkpoints").glob("ckpt-*"))
+    assert checkpoints
+    stopped_at = json.loads(
+        (cluster.root / "hosts" / cluster.learner / "model" / "summary.json").read_text()
+    )["global_step"]
+    print(f"all hosts exited {elapsed:.1f} s after SIGTERM; checkpoint at step {stopped_at}")
+
+    # The restarted job (same trees, as a spot restart keeps the checkpoint dir) resumes.
+    again = run_emulated(EmulateSettings(env_hosts=1, total_steps=stopped_at + 4096,
+                                         out=str(tmp_path / "t"), progress=False))
+    assert again.exit_code == 0, (again.exit_codes, again.failures)
+    assert again.summary["resumed_from"]
+    assert stopped_at < again.summary["global_step"] <= stopped_at + 4096 + 2048
