@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,mujoco,atari]'
+	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,sagemaker,mujoco,atari]'
 	touch $@
 
 setup: $(VENV)/.installed

@@ -10,6 +10,7 @@ import tyro
 
 from launch.emulate import EmulateSettings
 from launch.settings import ClusterSettings, LocalSettings
+from launch.submit import SubmitSettings  # imports no SDK; it loads only when used
 from learner.settings import LearnerSettings
 from rollout.errors import HetrlError
 from rollout.settings import WorkerSettings
@@ -44,6 +45,12 @@ def _emulate(settings: EmulateSettings) -> int:
     return result.exit_code
 
 
+def _submit(settings: SubmitSettings) -> int:
+    from launch.submit import run_submit
+
+    return run_submit(settings)
+
+
 def _launch(settings: ClusterSettings) -> int:  # dispatched in main(), see there
     raise AssertionError("hetrl launch is dispatched by launch.host.main")
 
@@ -52,6 +59,7 @@ COMMANDS = {
     "local": (LocalSettings, _local),
     "launch": (ClusterSettings, _launch),
     "emulate": (EmulateSettings, _emulate),
+    "submit": (SubmitSettings, _submit),
     "worker": (WorkerSettings, _worker),
     "learner": (LearnerSettings, _learner),
 }

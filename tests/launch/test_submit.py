@@ -2,7 +2,7 @@
 
 Nothing here may reach the network: fake credentials, no instance metadata, the SDK's
 telemetry opted out through its config file (v3 has no environment variable for it), and
-every socket connect fails the test. Each request is validated with botocore's
+every name lookup or socket connect fails the test. Each request is validated with botocore's
 ParamValidator and sent to a real client under a Stubber, never to AWS.
 """
 
