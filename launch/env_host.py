@@ -7,28 +7,51 @@ runs (Describe), proves it is alive (Heartbeat), and ends it (Stop). The host ex
 after a Stop or SIGTERM, having stopped its workers. It exits non-zero, with the reason
 in `<base>/output/failure`, when no learner heartbeat arrives within the startup
 timeout, when heartbeats stop for longer than the loss timeout, or when a worker keeps
-crashing, so no env host can keep a job billing after its learner is gone.
+crashing (or reports an env that keeps failing), so no env host can keep a job billing
+after its learner is gone. A standard gRPC health service on the control port reports
+each worker ("hetrl.worker.<i>") NOT_SERVING from its exit until its restart listens.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
 from launch.cluster import ClusterView, resolve, usable_cores
-from launch.processes import Child, child_environment, spawn, stop_all
+from launch.processes import (
+    MAX_WORKER_RESTARTS,
+    WORKER_EXIT_UNHEALTHY,
+    Child,
+    child_environment,
+    restartable,
+    spawn,
+    stop_all,
+)
 from launch.settings import ClusterSettings
 from protos import hetrl_pb2, hetrl_pb2_grpc
 from rollout.settings import WorkerSettings, pick
-from rollout.transport import create_server
+from rollout.transport import create_server, transport_options
 
 log = logging.getLogger("hetrl.env_host")
 
 EXIT_OK, EXIT_FAILED = 0, 1
-MAX_WORKER_RESTARTS = 3
+SERVING, NOT_SERVING = (health_pb2.HealthCheckResponse.SERVING,
+                        health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+def _listening(address: str, port: int) -> bool:
+    """Whether something accepts TCP connections on address:port (a restarted worker)."""
+    try:
+        with socket.create_connection((address, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 class HostControl(hetrl_pb2_grpc.HostControlServicer):
@@ -91,9 +114,16 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
     server = None
     # Workers are forked before this process creates any gRPC threads.
     workers = [start_worker(i) for i in range(count)]
+    health_status = health.HealthServicer()
+    restarting: set[int] = set()
+    health_status.set("", SERVING)
+    for i in range(count):
+        health_status.set(f"hetrl.worker.{i}", SERVING)
     try:
-        server, _ = create_server(f"{address}:{settings.control_port}", token)
+        server, _ = create_server(f"{address}:{settings.control_port}", token,
+                                  options=transport_options(settings))
         hetrl_pb2_grpc.add_HostControlServicer_to_server(control, server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_status, server)
         server.start()
         log.info("env host %s: %d workers on %s, control on %s:%d", cluster.current_host, count,
                  address, address, settings.control_port)
@@ -108,17 +138,30 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
                 failure = (f"env host {cluster.current_host}: learner gone for "
                            f"{now - control.last_heartbeat:.0f} s (loss_timeout "
                            f"{settings.loss_timeout:.0f} s)")
+            for i in sorted(restarting):  # back to SERVING once the restart listens
+                if _listening(address, settings.worker_base_port + i):
+                    restarting.discard(i)
+                    health_status.set(f"hetrl.worker.{i}", SERVING)
+                    if not restarting:
+                        health_status.set("", SERVING)
             for i, worker in enumerate(workers):
                 code = worker.exit_code()
-                if code in (None, 0) or failure:
+                if failure or (code != WORKER_EXIT_UNHEALTHY and not restartable(code)):
                     continue
+                health_status.set(f"hetrl.worker.{i}", NOT_SERVING)
+                health_status.set("", NOT_SERVING)
                 restarts += 1
+                if code == WORKER_EXIT_UNHEALTHY:
+                    failure = (f"env host {cluster.current_host}: {worker.name} is unhealthy: "
+                               f"its env kept failing (env_failure_limit):\n{worker.log_tail()}")
+                    break
                 if restarts > MAX_WORKER_RESTARTS:
                     failure = (f"env host {cluster.current_host}: {worker.name} crashed "
                                f"{restarts} times; last exit code {code}:\n{worker.log_tail()}")
                     break
                 log.error("%s exited with %d; restarting it", worker.name, code)
                 workers[i] = start_worker(i)
+                restarting.add(i)
             if failure:
                 break
     finally:

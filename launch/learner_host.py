@@ -27,7 +27,7 @@ from learner.settings import LearnerSettings
 from protos import hetrl_pb2, hetrl_pb2_grpc
 from rollout.errors import ConfigError, HetrlError
 from rollout.settings import WorkerSettings, pick
-from rollout.transport import auth_metadata, create_channel
+from rollout.transport import auth_metadata, create_channel, transport_options
 
 log = logging.getLogger("hetrl.learner_host")
 
@@ -48,7 +48,8 @@ class EnvHosts:
     def _stub(self, host: str) -> hetrl_pb2_grpc.HostControlStub:
         if host not in self.stubs:
             address = resolve(host, self.settings.resolve_timeout)
-            channel = create_channel(f"{address}:{self.settings.control_port}")
+            channel = create_channel(f"{address}:{self.settings.control_port}",
+                                     transport_options(self.settings))
             self.stubs[host] = hetrl_pb2_grpc.HostControlStub(channel)
         return self.stubs[host]
 

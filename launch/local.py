@@ -3,8 +3,11 @@
 The launcher checks the settings and the env before spawning anything, starts the
 workers (each binds a free loopback port and reports it in a ready file), starts the
 learner with their addresses, and supervises: the run succeeds when the learner exits
-0 and every worker then exits 0. A child that fails, Ctrl-C or SIGTERM stops every
-child (SIGTERM, then SIGKILL after a grace) and the launcher exits non-zero.
+0 and every worker then exits 0. A worker that crashes, is killed or hangs is restarted
+on its port (at most MAX_WORKER_RESTARTS times in the run) and the learner's stream
+reconnects to it; a worker whose env keeps failing (exit code unhealthy), a failing
+learner, Ctrl-C or SIGTERM stop every child (SIGTERM, then SIGKILL after a grace) and
+the launcher exits non-zero.
 """
 
 from __future__ import annotations
@@ -18,7 +21,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launch.processes import Child, child_environment, spawn, stop_all, wait_all, wait_ready_file
+from launch.processes import (
+    MAX_WORKER_RESTARTS,
+    WORKER_EXIT_UNHEALTHY,
+    Child,
+    child_environment,
+    restartable,
+    spawn,
+    stop_all,
+    wait_all,
+    wait_ready_file,
+)
 from launch.settings import LocalSettings
 from learner.settings import LearnerSettings
 from rollout.envs import describe_env
@@ -129,7 +142,14 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
         learner = spawn("learner", "learner.learner", learner_settings, run_dir, env,
                         log_to_file=False)
         children.append(learner)
-        return _watch(children, learner, settings)
+
+        def restart(i: int) -> Child:
+            port = int(addresses[i].rsplit(":", 1)[1])
+            worker = pick(WorkerSettings, settings, worker_id=i, host="127.0.0.1", port=port,
+                          ready_file="")
+            return spawn(f"worker-{i}", "rollout.worker", worker, run_dir, env)
+
+        return _watch(children, learner, settings, restart)
     except _Interrupted as exc:
         print(f"\nhetrl: {exc} received; stopping all processes", file=sys.stderr)
         stop_all(children, settings.shutdown_grace)
@@ -145,30 +165,46 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
                 signal.signal(s, handler)
 
 
-def _watch(children: list[Child], learner: Child, settings: LocalSettings) -> int:
-    workers = [c for c in children if c is not learner]
+def _watch(children: list[Child], learner: Child, settings: LocalSettings, restart) -> int:
+    """Wait for the learner, restarting crashed workers in `children` in place."""
+    workers = [i for i, c in enumerate(children) if c is not learner]
+    restarts = 0
     while True:
         code = learner.exit_code()
         if code is not None:
             if code != 0:
                 raise ChildFailedError(f"the learner exited with code {code}; see its output above")
-            if not wait_all(workers, settings.shutdown_grace):
+            if not wait_all([children[i] for i in workers], settings.shutdown_grace):
                 raise ChildFailedError("workers did not exit after the learner stopped them")
-            failed = [w for w in workers if w.exit_code() != 0]
+            failed = [children[i] for i in workers if children[i].exit_code() != 0]
             if failed:
                 raise ChildFailedError(
                     f"{failed[0].name} exited with code {failed[0].exit_code()}:\n"
                     f"{failed[0].log_tail()}"
                 )
             return EXIT_OK
-        for worker in workers:
+        for i in workers:
             # Exit 0 is a worker the learner (or an operator) stopped; the learner
             # carries on with the others or reports that none is left.
-            if worker.exit_code() not in (None, 0):
+            worker = children[i]
+            code = worker.exit_code()
+            if code == WORKER_EXIT_UNHEALTHY:
                 raise ChildFailedError(
-                    f"{worker.name} exited with code {worker.exit_code()} during training:\n"
-                    f"{worker.log_tail()}"
+                    f"{worker.name} is unhealthy: its env kept failing after being recreated "
+                    f"(--env-failure-limit {settings.env_failure_limit}). Fix the env; its "
+                    f"last error:\n{worker.log_tail()}"
                 )
+            if not restartable(code):
+                continue
+            restarts += 1
+            if restarts > MAX_WORKER_RESTARTS:
+                raise ChildFailedError(
+                    f"{worker.name} exited with code {code} during training, after "
+                    f"{MAX_WORKER_RESTARTS} worker restarts in this run:\n{worker.log_tail()}"
+                )
+            print(f"hetrl: {worker.name} exited with code {code}; restarting it "
+                  f"({restarts}/{MAX_WORKER_RESTARTS})", file=sys.stderr)
+            children[i] = restart(i)
         time.sleep(0.1)
 
 

@@ -8,6 +8,7 @@ from learner.settings import CheckpointSettings, OutputSettings, TrainSettings
 from rollout.settings import (
     EnvSettings,
     PolicySettings,
+    ReliabilitySettings,
     RolloutSettings,
     _chain_post_init,
     require,
@@ -16,7 +17,8 @@ from rollout.settings import (
 
 @dataclasses.dataclass
 class LocalSettings(
-    EnvSettings, PolicySettings, RolloutSettings, TrainSettings, CheckpointSettings, OutputSettings
+    EnvSettings, PolicySettings, RolloutSettings, TrainSettings, CheckpointSettings, OutputSettings,
+    ReliabilitySettings,
 ):
     """`hetrl local`: rollout workers and a learner as separate processes on this machine."""
 
@@ -36,7 +38,8 @@ class LocalSettings(
 
 @dataclasses.dataclass
 class ClusterSettings(
-    EnvSettings, PolicySettings, RolloutSettings, TrainSettings, CheckpointSettings, OutputSettings
+    EnvSettings, PolicySettings, RolloutSettings, TrainSettings, CheckpointSettings, OutputSettings,
+    ReliabilitySettings,
 ):
     """`hetrl launch`: the one entry point of every host of a SageMaker (or emulated) job.
 

@@ -4,9 +4,16 @@ A `WorkerStream` owns a thread ("stream-<address>") that connects (retrying whil
 worker is not up yet, for `connect_timeout`), checks the worker's Hello against the
 learner's env, sends the newest weights and the initial credits, then decodes every
 fragment and puts it on the shared queue. Outgoing messages are coalesced (newest
-weights only, credits summed), so nothing the learner sends can pile up. The queue is
-bounded by the credits: a worker never holds more than `credits` fragments in flight.
-Malformed fragments are counted and their credit returned, never trained on.
+weights only, credits summed), so nothing the learner sends can pile up. The queue has
+an explicit bound (`fan_in_bound`) that credits keep it under; a full queue blocks the
+stream thread, which gRPC flow control turns into back-pressure on the worker.
+
+Never trained on, always counted: malformed fragments (their credit is returned), a
+fragment whose incarnation or worker id differs from its stream's Hello (no fragment
+mixes incarnations), a sequence number already seen for an incarnation (none is trained
+twice), and fragments holding NaN/Inf (dropped, or the stream fails under
+--nonfinite fail). A new stream (reconnect, restarted worker) always starts with the
+newest weights and fresh credits, before the worker samples anything.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import numpy as np
 from protos import hetrl_pb2, hetrl_pb2_grpc
 from rollout import fragments
 from rollout.errors import ProtocolError, WireFormatError
-from rollout.transport import auth_metadata, create_channel
+from rollout.transport import DEFAULT_OPTIONS, TransportOptions, auth_metadata, create_channel
 
 log = logging.getLogger("hetrl.learner")
 
@@ -35,6 +42,24 @@ _FATAL_CODES = {
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNIMPLEMENTED,
 }
+
+
+# Counters every WorkerStream keeps; `stream_counters` sums them for the run summary.
+COUNTERS = ("fragments_received", "fragments_malformed", "fragments_duplicate",
+            "fragments_nonfinite", "sequence_gaps", "reconnects", "env_faults",
+            "episodes_aborted")
+
+
+def fan_in_bound(streams: int, credits: int) -> int:
+    """Capacity of the fan-in queue: every credit of every stream, twice (a replaced
+    stream's fragments may still be queued when its successor gets fresh credits), plus
+    one failure notice per stream."""
+    return streams * (2 * credits + 1)
+
+
+def stream_counters(streams) -> dict[str, int]:
+    """The fault counters of all streams, summed (for the run summary)."""
+    return {name: sum(getattr(s, name) for s in streams) for name in COUNTERS}
 
 
 class StreamState(enum.Enum):
@@ -121,20 +146,22 @@ class WorkerStream:
         weights: hetrl_pb2.Weights,
         credits: int,
         connect_timeout: float,
+        options: TransportOptions = DEFAULT_OPTIONS,
+        nonfinite: str = "drop",
     ) -> None:
         self.address, self.spec, self.fan_in = address, spec, fan_in
         self._metadata = auth_metadata(token)
         self._weights = weights
         self._credits = credits
         self._connect_timeout = connect_timeout
+        self._options, self._nonfinite = options, nonfinite
         self._outbox = _Outbox()
         self._stopping = threading.Event()
         self.state = StreamState.CONNECTING
         self.hello: hetrl_pb2.Hello | None = None
-        self.fragments_received = 0
-        self.fragments_malformed = 0
-        self.sequence_gaps = 0
-        self.reconnects = 0
+        for name in COUNTERS:
+            setattr(self, name, 0)
+        self.incarnations: list[str] = []
         self.generation = 0
         self._last_sequence: dict[str, int] = {}
         self._channel: grpc.Channel | None = None
@@ -174,14 +201,14 @@ class WorkerStream:
             self._connect_and_stream()
         except Exception as exc:  # reported to the training loop, which decides
             if not self._stopping.is_set():
-                self.fan_in.put(StreamFailure(self.address, exc))
+                self._put(StreamFailure(self.address, exc))
         finally:
             self.state = StreamState.CLOSED
 
     def _connect_and_stream(self) -> None:
         """Connect, stream, and reconnect after a lost stream, each time for up to
         connect_timeout; codes that retrying cannot fix end the stream at once."""
-        self._channel = create_channel(self.address)
+        self._channel = create_channel(self.address, self._options)
         stub = hetrl_pb2_grpc.RolloutStub(self._channel)
         deadline = time.monotonic() + self._connect_timeout
         while not self._stopping.is_set():
@@ -226,6 +253,8 @@ class WorkerStream:
             raise ProtocolError(f"worker {self.address} did not start with Hello")
         self._check_hello(first.hello)
         self.hello = first.hello
+        if first.hello.incarnation not in self.incarnations:
+            self.incarnations.append(first.hello.incarnation)
         self.state = StreamState.STREAMING
         log.info("streaming from worker %d at %s", first.hello.worker_id, self.address)
         for message in responses:
@@ -241,19 +270,60 @@ class WorkerStream:
                     self.spec.action_shape,
                     self.spec.action_dtype,
                 )
+                self._check_origin(fragment)
             except WireFormatError as exc:
                 self.fragments_malformed += 1
                 log.error("malformed fragment from %s dropped: %s", self.address, exc)
                 self.return_credit(generation)
                 continue
-            self._note_sequence(fragment)
+            if not self._note_sequence(fragment):
+                self.return_credit(generation)
+                continue
             self.fragments_received += 1
-            self.fan_in.put((self, generation, fragment))
+            self.env_faults += fragment.arrays.env_faults
+            self.episodes_aborted += fragment.arrays.episodes_aborted
+            bad = fragments.nonfinite_fields(fragment.arrays)
+            if bad:
+                self.fragments_nonfinite += 1
+                if self._nonfinite == "fail":
+                    raise ProtocolError(f"worker {self.address} sent NaN/Inf in {bad} "
+                                        "(--nonfinite fail)")
+                log.error("fragment %d from %s holds NaN/Inf in %s; dropped",
+                          fragment.sequence, self.address, bad)
+                self.return_credit(generation)
+                continue
+            self._put((self, generation, fragment))
         if not self._stopping.is_set():
             raise ConnectionError(f"worker {self.address} ended its stream unasked")
 
-    def _note_sequence(self, fragment: fragments.Fragment) -> None:
+    def _put(self, item) -> None:
+        """Put on the bounded fan-in queue, waiting while it is full (back-pressure),
+        unless this stream is being stopped."""
+        while not self._stopping.is_set():
+            try:
+                self.fan_in.put(item, timeout=1.0)
+                return
+            except queue.Full:
+                continue
+
+    def _check_origin(self, fragment: fragments.Fragment) -> None:
+        assert self.hello is not None
+        if (fragment.incarnation, fragment.worker_id) != (self.hello.incarnation,
+                                                          self.hello.worker_id):
+            raise WireFormatError(
+                f"fragment from worker {fragment.worker_id} incarnation {fragment.incarnation} "
+                f"on the stream of worker {self.hello.worker_id} incarnation "
+                f"{self.hello.incarnation}"
+            )
+
+    def _note_sequence(self, fragment: fragments.Fragment) -> bool:
+        """Record the fragment's sequence; False (and counted) if it was seen before."""
         last = self._last_sequence.get(fragment.incarnation)
+        if last is not None and fragment.sequence <= last:
+            self.fragments_duplicate += 1
+            log.error("worker %s sent sequence %d of incarnation %s again; dropped",
+                      self.address, fragment.sequence, fragment.incarnation)
+            return False
         if last is not None and fragment.sequence != last + 1:
             self.sequence_gaps += 1
             log.warning(
@@ -261,6 +331,7 @@ class WorkerStream:
                 self.address, last + 1, fragment.sequence - 1,
             )
         self._last_sequence[fragment.incarnation] = fragment.sequence
+        return True
 
     def _check_hello(self, hello: hetrl_pb2.Hello) -> None:
         mine = (self.spec.env, self.spec.observation_space, self.spec.action_space)

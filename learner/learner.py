@@ -23,18 +23,24 @@ import torch
 from safetensors.numpy import save_file
 
 from learner.checkpoint import load_latest, save_checkpoint
-from learner.connections import StreamFailure, StreamSpec, WorkerStream
+from learner.connections import (
+    StreamFailure,
+    StreamSpec,
+    WorkerStream,
+    fan_in_bound,
+    stream_counters,
+)
 from learner.metrics import MetricsWriter
 from learner.ppo import Batch, ppo_update
 from learner.settings import LearnerSettings
 from protos import hetrl_pb2
 from rollout import wire
 from rollout.envs import describe_env
-from rollout.errors import HetrlError, ProtocolError, WorkerLostError
+from rollout.errors import HetrlError, NonFiniteError, ProtocolError, WorkerLostError
 from rollout.fragments import Fragment
-from rollout.policy import Policy, action_dtype, policy_arrays
+from rollout.policy import Policy, action_dtype, load_policy_arrays, policy_arrays
 from rollout.settings import to_json
-from rollout.transport import token_from_env
+from rollout.transport import token_from_env, transport_options
 
 log = logging.getLogger("hetrl.learner")
 
@@ -79,11 +85,13 @@ class Learner:
         )
         # Bounded in practice by the credits: each worker holds at most
         # credits_per_worker fragments in flight, plus one failure notice per stream.
-        self.fan_in: queue.Queue = queue.Queue()
-        weights = self._weights_message()
+        self.fan_in: queue.Queue = queue.Queue(
+            maxsize=fan_in_bound(len(settings.worker_addresses), settings.credits_per_worker))
+        weights = self._last_weights = self._weights_message()
         self.streams = [
             WorkerStream(address, token, self.spec, self.fan_in, weights,
-                         settings.credits_per_worker, settings.connect_timeout)
+                         settings.credits_per_worker, settings.connect_timeout,
+                         options=transport_options(settings), nonfinite=settings.nonfinite)
             for address in settings.worker_addresses
         ]
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
@@ -93,6 +101,7 @@ class Learner:
         self.wait_seconds = 0.0
         self.train_seconds = 0.0
         self._stop_reason: str | None = None
+        self.updates_nonfinite = 0
 
     def _resume(self) -> None:
         found = load_latest(self.checkpoint_dir)
@@ -231,8 +240,12 @@ class Learner:
             frac = max(0.0, 1.0 - self.global_step / s.total_steps)
             self.optimizer.param_groups[0]["lr"] = frac * s.learning_rate
         stats = ppo_update(self.policy, self.optimizer, self._to_batch(frags), s)
+        if not all(torch.isfinite(p).all() for p in self.policy.state_dict().values()
+                   if p.is_floating_point()):
+            self._reject_nonfinite_update()
+            return
         self.version += 1
-        weights = self._weights_message()
+        weights = self._last_weights = self._weights_message()
         for stream in self.streams:
             stream.push_weights(weights)
         self.train_seconds += time.perf_counter() - train_start
@@ -260,6 +273,20 @@ class Learner:
             stats["charts/mean_return_100"] = float(np.mean(self.recent_returns))
         metrics.log(self.global_step, stats)
         metrics.progress(self._progress_line(stats))
+
+    def _reject_nonfinite_update(self) -> None:
+        """An update produced NaN/Inf weights: never push or checkpoint them. Fail fast,
+        or (--nonfinite drop) restore the last good weights, reset the optimizer's moments
+        and count it."""
+        self.updates_nonfinite += 1
+        message = (f"update {self.version + 1} produced NaN/Inf weights; lower "
+                   "--learning-rate or --reward-scale, or check the env's rewards")
+        if self.settings.nonfinite == "fail":
+            load_policy_arrays(self.policy, wire.decode_named(self._last_weights.arrays))
+            raise NonFiniteError(message + " (--nonfinite fail)")
+        log.error("%s; restored version %d and dropped the batch", message, self.version)
+        load_policy_arrays(self.policy, wire.decode_named(self._last_weights.arrays))
+        self.optimizer.state.clear()
 
     def _progress_line(self, stats: dict[str, float]) -> str:
         mean = stats.get("charts/mean_return_100", float("nan"))
@@ -300,6 +327,8 @@ class Learner:
             "fragments_dropped_lag": self.dropped_lag,
             "fragments_malformed": sum(s.fragments_malformed for s in self.streams),
             "sequence_gaps": sum(s.sequence_gaps for s in self.streams),
+            **stream_counters(self.streams),
+            "updates_nonfinite": self.updates_nonfinite,
             "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_histogram.items())},
             "learner_wait_seconds": round(self.wait_seconds, 3),
             "learner_train_seconds": round(self.train_seconds, 3),

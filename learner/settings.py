@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from rollout.settings import EnvSettings, PolicySettings, _chain_post_init, require
+from rollout.settings import (
+    EnvSettings,
+    PolicySettings,
+    ReliabilitySettings,
+    _chain_post_init,
+    require,
+)
 
 
 @dataclasses.dataclass
@@ -101,7 +107,7 @@ class CheckpointSettings:
 
 @dataclasses.dataclass
 class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSettings,
-                      OutputSettings):
+                      OutputSettings, ReliabilitySettings):
     """The learner process: connects to workers and trains."""
 
     worker_addresses: tuple[str, ...] = ()

@@ -43,7 +43,7 @@ class Hello(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., num_envs: _Optional[int] = ..., fragment_length: _Optional[int] = ..., env: _Optional[str] = ..., observation_space: _Optional[str] = ..., action_space: _Optional[str] = ...) -> None: ...
 
 class Fragment(_message.Message):
-    __slots__ = ("worker_id", "incarnation", "sequence", "policy_version", "observations", "actions", "rewards", "terminated", "truncated", "logprobs", "valid", "episode_returns", "episode_lengths", "collect_seconds", "wait_seconds")
+    __slots__ = ("worker_id", "incarnation", "sequence", "policy_version", "observations", "actions", "rewards", "terminated", "truncated", "logprobs", "valid", "episode_returns", "episode_lengths", "collect_seconds", "wait_seconds", "env_faults", "episodes_aborted")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,8 @@ class Fragment(_message.Message):
     EPISODE_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     COLLECT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_ABORTED_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     incarnation: str
     sequence: int
@@ -74,7 +76,9 @@ class Fragment(_message.Message):
     episode_lengths: NDArray
     collect_seconds: float
     wait_seconds: float
-    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., logprobs: _Optional[_Union[NDArray, _Mapping]] = ..., valid: _Optional[_Union[NDArray, _Mapping]] = ..., episode_returns: _Optional[_Union[NDArray, _Mapping]] = ..., episode_lengths: _Optional[_Union[NDArray, _Mapping]] = ..., collect_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+    env_faults: int
+    episodes_aborted: int
+    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., logprobs: _Optional[_Union[NDArray, _Mapping]] = ..., valid: _Optional[_Union[NDArray, _Mapping]] = ..., episode_returns: _Optional[_Union[NDArray, _Mapping]] = ..., episode_lengths: _Optional[_Union[NDArray, _Mapping]] = ..., collect_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., env_faults: _Optional[int] = ..., episodes_aborted: _Optional[int] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
     __slots__ = ("hello", "fragment")
@@ -135,8 +139,14 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, learner: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("cpu_percent", "memory_percent", "workers_running")
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    cpu_percent: float
+    memory_percent: float
+    workers_running: int
+    def __init__(self, cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., workers_running: _Optional[int] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("reason",)

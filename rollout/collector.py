@@ -11,12 +11,22 @@ from it. The collector owns no sockets: it returns plain arrays.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
 
+from rollout.envs import FAULT_KEY
+from rollout.errors import EnvUnhealthyError, NonFiniteError
 from rollout.policy import Policy, action_dtype
+
+log = logging.getLogger("hetrl.collector")
+
+# FragmentArrays fields that are arrays on the wire (the rest are counters and timings).
+ARRAY_FIELDS = ("observations", "actions", "rewards", "terminated", "truncated", "logprobs",
+                "valid", "episode_returns", "episode_lengths")
 
 
 @dataclasses.dataclass
@@ -33,21 +43,85 @@ class FragmentArrays:
     episode_returns: np.ndarray
     episode_lengths: np.ndarray
     collect_seconds: float = 0.0
+    env_faults: int = 0
+    """Env failures (exceptions or NaN/Inf) in this fragment; each env was recreated."""
+    episodes_aborted: int = 0
+    """Episodes cut short by a fault; their steps here have valid = 0."""
 
 
 class Collector:
     """Keeps the env state between fragments so episodes continue across them."""
 
-    def __init__(self, envs: gym.vector.VectorEnv, policy: Policy, length: int, seed: int):
+    def __init__(
+        self, envs: gym.vector.VectorEnv, policy: Policy, length: int, seed: int,
+        remake: Callable[[], gym.vector.VectorEnv] | None = None,
+        failure_limit: int = 3, nonfinite: str = "drop",
+    ):
         self.envs, self.policy, self.length = envs, policy, length
+        self.remake, self.failure_limit, self.nonfinite = remake, failure_limit, nonfinite
         self.num_envs = envs.num_envs
         self.obs_space = envs.single_observation_space
         self.act_shape = envs.single_action_space.shape or ()
         self.act_dtype = action_dtype(envs.single_action_space)
-        self.obs, _ = envs.reset(seed=seed)
+        self.busy_since: float | None = None  # monotonic start of the running env call
+        self.obs, _ = self._env_call(envs.reset, seed=seed)
         self.autoreset = np.zeros(self.num_envs, dtype=bool)  # next step is a reset step
         self.episode_return = np.zeros(self.num_envs, dtype=np.float64)
         self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
+        self.vector_failures = 0  # whole-vector recreations in a row (unguarded envs)
+        self.total_faults = 0
+        self.total_aborted = 0
+
+    def _env_call(self, fn, *args, **kwargs):
+        self.busy_since = time.monotonic()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.busy_since = None
+
+    def _step(self, env_actions):
+        """envs.step, or, when an unguarded vector env raises, recreate it whole and
+        report every env as faulted."""
+        try:
+            obs, reward, term, trunc, info = self._env_call(self.envs.step, env_actions)
+        except (EnvUnhealthyError, NonFiniteError):
+            raise
+        except Exception as exc:
+            if self.remake is None:
+                raise
+            return self._remake_all(exc)
+        faulted = np.zeros(self.num_envs, dtype=bool)
+        if FAULT_KEY in info:
+            faulted = np.asarray(info.get(f"_{FAULT_KEY}", info[FAULT_KEY]), dtype=bool)
+        bad = ~np.isfinite(reward)
+        if obs.dtype.kind in "fc":
+            bad |= ~np.isfinite(obs.reshape(self.num_envs, -1)).all(axis=1)
+        if bad.any():  # only reachable when the envs are not guarded
+            if self.nonfinite == "fail" or self.remake is None:
+                raise NonFiniteError(f"envs {np.flatnonzero(bad).tolist()} returned NaN/Inf "
+                                     "(--nonfinite fail, or an env hetrl cannot recreate)")
+            return self._remake_all(NonFiniteError("non-finite observation or reward"))
+        if (term | trunc).any():
+            self.vector_failures = 0
+        return obs, reward, term, trunc, faulted
+
+    def _remake_all(self, exc: Exception):
+        self.vector_failures += 1
+        if self.vector_failures >= self.failure_limit:
+            raise EnvUnhealthyError(
+                f"the vector env failed {self.vector_failures} times in a row "
+                f"(--env-failure-limit {self.failure_limit}): {exc!r}"
+            ) from exc
+        log.warning("the vector env failed (%r); recreating all %d envs", exc, self.num_envs,
+                    exc_info=exc)
+        try:
+            self.envs.close()
+        except Exception:
+            log.debug("closing the failed vector env raised", exc_info=True)
+        self.envs = self.remake()
+        obs, _ = self._env_call(self.envs.reset)
+        zeros = np.zeros(self.num_envs, dtype=bool)
+        return obs, np.zeros(self.num_envs), zeros, zeros, np.ones(self.num_envs, dtype=bool)
 
     def collect(self) -> FragmentArrays:
         """Step T times and return the fragment."""
@@ -62,16 +136,30 @@ class Collector:
         valid = np.empty((t_len, n), dtype=bool)
         returns: list[float] = []
         lengths: list[int] = []
+        episode_row = np.zeros(n, dtype=np.int64)  # first row of each env's episode here
+        faults = aborted = 0
         for t in range(t_len):
             obs[t] = self.obs
             valid[t] = ~self.autoreset
+            episode_row[self.autoreset] = t + 1
             action, logp = self.policy.act(obs[t])
             actions[t], logprobs[t] = action, logp
-            self.obs, reward, term, trunc, _ = self.envs.step(self.policy.env_actions(action))
+            self.obs, reward, term, trunc, faulted = self._step(self.policy.env_actions(action))
             # A reset step reports reward 0 and no termination; mask it all the same.
             rewards[t] = np.where(valid[t], reward, 0.0)
             terminated[t] = term & valid[t]
             truncated[t] = trunc & valid[t]
+            if faulted.any():
+                faults += int(faulted.sum())
+                for i in np.flatnonzero(faulted):
+                    if valid[t, i]:  # a live episode dies: drop its steps, no bootstrap
+                        aborted += 1
+                        valid[episode_row[i]:t + 1, i] = False
+                    rewards[t, i] = 0.0
+                    terminated[t, i] = truncated[t, i] = False
+                    episode_row[i] = t + 1
+                self.episode_return[faulted] = 0.0
+                self.episode_length[faulted] = 0
             self.episode_return += rewards[t]
             self.episode_length += valid[t]
             done = terminated[t] | truncated[t]
@@ -82,6 +170,8 @@ class Collector:
                 self.episode_length[done] = 0
             self.autoreset = done
         obs[t_len] = self.obs
+        self.total_faults += faults
+        self.total_aborted += aborted
         return FragmentArrays(
             observations=obs,
             actions=actions,
@@ -93,4 +183,6 @@ class Collector:
             episode_returns=np.asarray(returns, dtype=np.float32),
             episode_lengths=np.asarray(lengths, dtype=np.int64),
             collect_seconds=time.perf_counter() - start,
+            env_faults=faults,
+            episodes_aborted=aborted,
         )

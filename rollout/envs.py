@@ -3,22 +3,34 @@
 `--env` is either a registered gymnasium id or an entry point `pkg.mod:Class`;
 `--env-import` modules are imported first so they can register ids. The learner calls
 `describe_env` to learn the spaces and to fail before anything is spawned; workers call
-`make_vector_env`. Gymnasium 1.x NEXT_STEP autoreset is required: the collector's
-bookkeeping depends on it. Nothing here touches torch or the network.
+`make_vector_env`, which wraps every sub-env in an `EnvGuard` (sync and async modes):
+an env that raises or returns NaN/Inf is recreated inside its own slot and reports the
+fault through `info`, so one broken simulator never leaves the vector env in an unknown
+state. Gymnasium 1.x NEXT_STEP autoreset is required: the collector's bookkeeping
+depends on it. Nothing here touches torch or the network.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import logging
+import traceback
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
-from rollout.errors import EnvError
+from rollout.errors import EnvError, EnvUnhealthyError, NonFiniteError
 from rollout.settings import EnvSettings
+
+log = logging.getLogger("hetrl.envs")
+
+# Key of the fault marker an EnvGuard puts in a step's info, and its values.
+FAULT_KEY = "hetrl_fault"
+FAULT_ERROR, FAULT_NONFINITE = 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,22 +107,107 @@ def describe_env(settings: EnvSettings) -> EnvDescription:
         env.close()
 
 
+def _finite(value) -> bool:
+    array = np.asarray(value)
+    return array.dtype.kind not in "fc" or bool(np.isfinite(array).all())
+
+
+class EnvGuard(gym.Wrapper):
+    """One sub-env's fault boundary: exceptions and non-finite output never escape it.
+
+    A `step` or `reset` that raises, or (with nonfinite="drop") returns NaN/Inf, closes
+    the env, makes a fresh one from the same spec and resets it; the step then returns
+    the fresh first observation with reward 0, terminated = truncated = False, and
+    `info[FAULT_KEY]` set, so the collector can abort the episode without bootstrapping
+    it to zero. `failure_limit` failures in a row without a completed episode raise
+    EnvUnhealthyError carrying the last traceback; the worker then exits unhealthy.
+    """
+
+    def __init__(self, env: gym.Env, failure_limit: int = 3, nonfinite: str = "drop") -> None:
+        super().__init__(env)
+        self._spec = env.spec
+        self.failure_limit, self.nonfinite = failure_limit, nonfinite
+        self.consecutive_failures = 0
+
+    def step(self, action):
+        try:
+            obs, reward, terminated, truncated, info = self.env.step(action)
+        except Exception:
+            return self._recover(FAULT_ERROR, traceback.format_exc())
+        if not (_finite(obs) and _finite(reward)):
+            return self._recover(FAULT_NONFINITE, f"non-finite output: reward {reward}, "
+                                 f"observation {np.asarray(obs).tolist()}")
+        if terminated or truncated:
+            self.consecutive_failures = 0
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, *, seed=None, options=None):
+        try:
+            obs, info = self.env.reset(seed=seed, options=options)
+        except Exception:
+            obs, _, _, _, info = self._recover(FAULT_ERROR, traceback.format_exc())
+            return obs, info
+        if not _finite(obs):
+            obs, _, _, _, info = self._recover(
+                FAULT_NONFINITE, f"non-finite first observation {np.asarray(obs).tolist()}")
+        return obs, info
+
+    def _recover(self, kind: int, detail: str):
+        if kind == FAULT_NONFINITE and self.nonfinite == "fail":
+            raise NonFiniteError(f"env {self._spec.id if self._spec else ''}: {detail} "
+                                 "(--nonfinite fail)")
+        while True:
+            self.consecutive_failures += 1
+            if self.consecutive_failures >= self.failure_limit:
+                raise EnvUnhealthyError(
+                    f"env failed {self.consecutive_failures} times in a row without "
+                    f"completing an episode (--env-failure-limit {self.failure_limit}); "
+                    f"last failure:\n{detail}"
+                )
+            log.warning("env failed (%s); recreating it:\n%s",
+                        "exception" if kind == FAULT_ERROR else "non-finite", detail)
+            try:
+                self.env.close()
+            except Exception:  # a broken env may not even close; it is dropped anyway
+                log.debug("closing the failed env raised", exc_info=True)
+            try:
+                self.env = gym.make(self._spec)
+                obs, info = self.env.reset()
+            except Exception:
+                kind, detail = FAULT_ERROR, traceback.format_exc()
+                continue
+            if not _finite(obs):
+                kind, detail = FAULT_NONFINITE, "non-finite first observation after recreate"
+                continue
+            info = dict(info)
+            info[FAULT_KEY] = kind
+            return obs, 0.0, False, False, info
+
+
 def make_vector_env(
     settings: EnvSettings, num_envs: int, vector_mode: str = "auto"
 ) -> gym.vector.VectorEnv:
-    """Make the worker's vector env with NEXT_STEP autoreset.
+    """Make the worker's vector env with NEXT_STEP autoreset, each sub-env in an EnvGuard
+    (sync and async modes; an env's own vector implementation cannot be wrapped, and
+    the collector then recreates the whole vector env on a fault).
 
     Raises:
         EnvError: as describe_env, or the vector env does not autoreset in NEXT_STEP mode.
     """
     spec = env_spec(settings)
+    guard = functools.partial(
+        EnvGuard, failure_limit=getattr(settings, "env_failure_limit", 3),
+        nonfinite=getattr(settings, "nonfinite", "drop"),
+    )
     kwargs: dict = {}
     if vector_mode != "auto":
         kwargs["vectorization_mode"] = vector_mode
         kwargs["vector_kwargs"] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+        kwargs["wrappers"] = [guard]
     elif isinstance(spec, EnvSpec) or gym.spec(spec.rpartition(":")[2]).vector_entry_point is None:
         kwargs["vectorization_mode"] = "sync"
         kwargs["vector_kwargs"] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+        kwargs["wrappers"] = [guard]
     try:
         envs = gym.make_vec(spec, num_envs=num_envs, **kwargs)
     except Exception as exc:

@@ -20,6 +20,15 @@ class EnvError(HetrlError):
     """The environment cannot be imported, made, or has a space hetrl cannot train on."""
 
 
+class EnvUnhealthyError(EnvError):
+    """An env kept failing (raising, or returning NaN/Inf) after being recreated; the
+    message carries the env's last traceback."""
+
+
+class NonFiniteError(HetrlError, ValueError):
+    """NaN or Inf in observations, rewards or weights under --nonfinite fail."""
+
+
 class WireFormatError(HetrlError, ValueError):
     """A message on the wire is malformed (bad dtype, shape or size)."""
 

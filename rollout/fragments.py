@@ -3,7 +3,8 @@
 `to_message` turns a collector's `FragmentArrays` into a `WorkerMessage`;
 `from_message` turns one back and checks that every array has the dtype and the
 [T(+1), N, ...] shape the stream's Hello announced, so nothing malformed reaches
-training. Pure functions: no sockets, no torch.
+training; `nonfinite_fields` names the arrays holding NaN/Inf. Pure functions: no
+sockets, no torch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from protos import hetrl_pb2
 from rollout import wire
-from rollout.collector import FragmentArrays
+from rollout.collector import ARRAY_FIELDS, FragmentArrays
 from rollout.errors import WireFormatError
 
 _STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "logprobs", "valid")
@@ -46,8 +47,7 @@ def to_message(
     wait_seconds: float = 0.0,
 ) -> hetrl_pb2.WorkerMessage:
     """Encode a fragment for the wire."""
-    fields = {f.name: wire.encode(getattr(arrays, f.name))
-              for f in dataclasses.fields(FragmentArrays) if f.name != "collect_seconds"}
+    fields = {name: wire.encode(getattr(arrays, name)) for name in ARRAY_FIELDS}
     return hetrl_pb2.WorkerMessage(
         fragment=hetrl_pb2.Fragment(
             worker_id=worker_id,
@@ -56,6 +56,8 @@ def to_message(
             policy_version=policy_version,
             collect_seconds=arrays.collect_seconds,
             wait_seconds=wait_seconds,
+            env_faults=arrays.env_faults,
+            episodes_aborted=arrays.episodes_aborted,
             **fields,
         )
     )
@@ -75,8 +77,7 @@ def from_message(
     Raises:
         WireFormatError: any array is malformed or has the wrong dtype or shape.
     """
-    decoded = {f.name: wire.decode(getattr(message, f.name))
-               for f in dataclasses.fields(FragmentArrays) if f.name != "collect_seconds"}
+    decoded = {name: wire.decode(getattr(message, name)) for name in ARRAY_FIELDS}
     expected = {
         "observations": ((length + 1, num_envs, *obs_shape), np.dtype(obs_dtype)),
         "actions": ((length, num_envs, *action_shape), np.dtype(action_dtype)),
@@ -101,6 +102,18 @@ def from_message(
         incarnation=message.incarnation,
         sequence=message.sequence,
         policy_version=message.policy_version,
-        arrays=FragmentArrays(collect_seconds=message.collect_seconds, **decoded),
+        arrays=FragmentArrays(collect_seconds=message.collect_seconds,
+                              env_faults=message.env_faults,
+                              episodes_aborted=message.episodes_aborted, **decoded),
         wait_seconds=message.wait_seconds,
     )
+
+
+def nonfinite_fields(arrays: FragmentArrays) -> list[str]:
+    """Names of the float arrays of a fragment that hold NaN or Inf (empty: all finite)."""
+    bad = []
+    for name in ("observations", "rewards", "logprobs", "actions", "episode_returns"):
+        array = getattr(arrays, name)
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            bad.append(name)
+    return bad

@@ -97,7 +97,35 @@ class RolloutSettings:
 
 
 @dataclasses.dataclass
-class WorkerSettings(EnvSettings, PolicySettings, RolloutSettings):
+class ReliabilitySettings:
+    """How a process reacts to faults: failing envs, hangs, non-finite data, lost peers."""
+
+    env_failure_limit: int = 3
+    """Consecutive failures (exceptions or non-finite output) of one env, without a
+    completed episode between them, after which its worker reports unhealthy and exits."""
+    step_timeout: float = 120.0
+    """Seconds one vector step or reset may take before the worker's watchdog declares the
+    env hung and exits (code 5) so its supervisor restarts it."""
+    nonfinite: Literal["drop", "fail"] = "drop"
+    """NaN/Inf in observations, rewards or weights: drop the episode (or fragment, or
+    weights) and count it, or fail fast."""
+    keepalive_time: float = 10.0
+    """Seconds between gRPC keepalive pings on every connection, both directions."""
+    keepalive_timeout: float = 10.0
+    """Seconds a ping may go unanswered before the peer is declared gone; a silent peer
+    is detected within keepalive_time + keepalive_timeout."""
+
+    def __post_init__(self) -> None:
+        require(self.env_failure_limit >= 1, "--env-failure-limit must be >= 1")
+        require(self.step_timeout > 0, "--step-timeout must be > 0")
+        require(self.nonfinite in ("drop", "fail"), "--nonfinite must be drop or fail")
+        require(self.keepalive_time >= 1, "--keepalive-time must be >= 1 s")
+        require(self.keepalive_timeout >= 1, "--keepalive-timeout must be >= 1 s")
+        _chain_post_init(self, ReliabilitySettings)
+
+
+@dataclasses.dataclass
+class WorkerSettings(EnvSettings, PolicySettings, RolloutSettings, ReliabilitySettings):
     """A rollout worker process: a gRPC server the learner connects to."""
 
     worker_id: int = 0

@@ -6,16 +6,25 @@ arrives, or no learner has been seen for `learner_timeout` seconds (the dead-man
 switch, so a worker never outlives its learner). A worker samples only with weights
 from the learner and only while it holds a credit, so it is never more than its
 credits ahead. A fragment being sent when a stream breaks is lost and counted.
+
+Faults: a failing env is recreated by its EnvGuard and its episode aborted (see
+collector); an env that keeps failing ends the worker with EXIT_UNHEALTHY and the env's
+traceback in the log; an env call that runs past `step_timeout` trips the watchdog,
+which exits with EXIT_HUNG so the supervisor restarts the worker. Malformed or
+non-finite weights from the learner are refused (INVALID_ARGUMENT / dropped) and
+counted; the worker stays up. A gRPC health service reports SERVING until it stops.
 """
 
 from __future__ import annotations
 
 import enum
+import faulthandler
 import json
 import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -23,21 +32,36 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from protos import hetrl_pb2, hetrl_pb2_grpc
 from rollout import fragments, wire
 from rollout.collector import Collector
 from rollout.envs import make_vector_env
-from rollout.errors import ConfigError, HetrlError
+from rollout.errors import (
+    ConfigError,
+    EnvUnhealthyError,
+    HetrlError,
+    NonFiniteError,
+    WireFormatError,
+)
 from rollout.policy import Policy, load_policy_arrays
 from rollout.settings import WorkerSettings
-from rollout.transport import MAX_MESSAGE_BYTES, create_server, token_from_env
+from rollout.transport import (
+    MAX_MESSAGE_BYTES,
+    create_server,
+    token_from_env,
+    transport_options,
+)
 
 log = logging.getLogger("hetrl.worker")
 
-# Exit codes the launcher understands.
-EXIT_OK, EXIT_ERROR, EXIT_NO_LEARNER = 0, 1, 3
+# Exit codes the launcher understands. A supervisor restarts a worker that exits with
+# anything but OK or UNHEALTHY (an env that keeps failing would only fail again).
+EXIT_OK, EXIT_ERROR, EXIT_NO_LEARNER, EXIT_UNHEALTHY, EXIT_HUNG = 0, 1, 3, 4, 5
+SERVICE_NAME = "hetrl.Rollout"
 
 
 class WorkerState(enum.Enum):
@@ -80,13 +104,16 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
         torch.set_num_threads(settings.worker_torch_threads)
         seed = worker_seed(settings.seed, settings.worker_id)
         torch.manual_seed(seed)
-        self.envs = make_vector_env(settings, settings.envs_per_worker, settings.vector_mode)
+        self.envs = self._make_envs()
         obs_space = self.envs.single_observation_space
         act_space = self.envs.single_action_space
         self.policy = Policy(obs_space, act_space, settings)
         self.policy.eval()
         _check_fragment_size(settings, obs_space, act_space)
-        self.collector = Collector(self.envs, self.policy, settings.fragment_length, seed)
+        self.collector = Collector(
+            self.envs, self.policy, settings.fragment_length, seed, remake=self._make_envs,
+            failure_limit=settings.env_failure_limit, nonfinite=settings.nonfinite,
+        )
         self.hello = hetrl_pb2.Hello(
             worker_id=settings.worker_id,
             incarnation=uuid.uuid4().hex,
@@ -99,6 +126,11 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
         self.state = WorkerState.IDLE
         self.stop_reason = ""
         self.failure: str | None = None
+        self.unhealthy = False
+        self.messages_malformed = 0
+        self.weights_nonfinite = 0
+        self.health = health.HealthServicer()
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self.stopped = threading.Event()
         self.version = -1
         self.sequence = 0
@@ -106,6 +138,14 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
         self.fragments_lost = 0
         self.last_learner_seen = time.monotonic()
         self._stream_lock = threading.Lock()
+
+    def _make_envs(self):
+        s = self.settings
+        return make_vector_env(s, s.envs_per_worker, s.vector_mode)
+
+    def _set_health(self, status) -> None:
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, status)
 
     # -- gRPC ------------------------------------------------------------------
     def Stream(self, request_iterator, context) -> Iterator[hetrl_pb2.WorkerMessage]:
@@ -144,12 +184,20 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
                     return
                 inbox.credits -= 1
                 weights, inbox.weights = inbox.weights, None
-            if weights is not None:
-                load_policy_arrays(self.policy, wire.decode_named(weights.arrays))
-                self.version = weights.version
+            if weights is not None and not self._load_weights(weights, context):
+                if self.version < 0:  # nothing usable to sample with yet: wait for more
+                    with inbox.cond:
+                        inbox.credits += 1
+                    continue
             try:
                 arrays = self.collector.collect()
-            except Exception as exc:  # the env or the policy broke: this worker is done
+            except (EnvUnhealthyError, NonFiniteError) as exc:
+                log.error("%s", exc)  # the env's traceback, for the user and the supervisor
+                self.unhealthy = True
+                self.failure = f"{type(exc).__name__}: {exc}"
+                self._stop("unhealthy env")
+                context.abort(grpc.StatusCode.INTERNAL, f"worker unhealthy: {exc}"[:2000])
+            except Exception as exc:  # the policy (or an unguarded env) broke: done
                 log.exception("stepping the envs failed")
                 self.failure = f"{type(exc).__name__}: {exc}"
                 self._stop(f"error: {self.failure}")
@@ -166,9 +214,36 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
             yield message
             self.fragments_sent += 1
 
+    def _load_weights(self, weights: hetrl_pb2.Weights, context) -> bool:
+        """Load weights into the policy; False if they were dropped (non-finite).
+        Malformed weights end the stream with INVALID_ARGUMENT; the worker stays up."""
+        try:
+            arrays = wire.decode_named(weights.arrays)
+            bad = [name for name, a in arrays.items()
+                   if a.dtype.kind in "fc" and not np.isfinite(a).all()]
+            if bad:
+                self.weights_nonfinite += 1
+                if self.settings.nonfinite == "fail":
+                    raise NonFiniteError(f"weights {bad} hold NaN/Inf (--nonfinite fail)")
+                log.error("weights version %d hold NaN/Inf in %s; dropped, keeping version %d",
+                          weights.version, bad, self.version)
+                return False
+            load_policy_arrays(self.policy, arrays)
+        except (WireFormatError, KeyError, ValueError, RuntimeError) as exc:
+            if isinstance(exc, NonFiniteError):
+                self.failure = str(exc)
+                self._stop(f"error: {exc}")
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            self.messages_malformed += 1
+            log.error("malformed weights from the learner refused: %s", exc)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed weights: {exc}"[:2000])
+        self.version = weights.version
+        return True
+
     # -- lifecycle ---------------------------------------------------------------
     def _stop(self, reason: str) -> None:
         if not self.stopped.is_set():
+            self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
             self.stop_reason = reason
             self.state = WorkerState.STOPPED
             self.stopped.set()
@@ -223,6 +298,21 @@ def _check_fragment_size(settings: WorkerSettings, obs_space, act_space) -> None
         )
 
 
+def _watchdog(worker: RolloutWorker, step_timeout: float) -> None:
+    """Exit with EXIT_HUNG when one env call runs longer than step_timeout. A hung env
+    cannot be interrupted from Python; only a fresh process recovers, so the worker
+    dumps every thread's stack to its log and leaves the restart to its supervisor."""
+    while not worker.stopped.wait(min(1.0, step_timeout / 4)):
+        since = worker.collector.busy_since
+        if since is not None and time.monotonic() - since > step_timeout:
+            log.error("an env step has not returned for %.1f s (--step-timeout %.1f): the env "
+                      "is hung; exiting with code %d so the supervisor restarts this worker",
+                      time.monotonic() - since, step_timeout, EXIT_HUNG)
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            sys.stderr.flush()
+            os._exit(EXIT_HUNG)
+
+
 def _write_ready_file(path: str, address: str) -> None:
     target = Path(path)
     tmp = target.with_suffix(target.suffix + ".tmp")
@@ -234,8 +324,10 @@ def run_worker(settings: WorkerSettings) -> int:
     """Serve until stopped; return the process exit code."""
     token = token_from_env()
     worker = RolloutWorker(settings)
-    server, port = create_server(f"{settings.host}:{settings.port}", token)
+    server, port = create_server(f"{settings.host}:{settings.port}", token,
+                                 options=transport_options(settings))
     hetrl_pb2_grpc.add_RolloutServicer_to_server(worker, server)
+    health_pb2_grpc.add_HealthServicer_to_server(worker.health, server)
     server.start()
     address = f"{settings.host}:{port}"
     log.info("worker %d serving %s on %s", settings.worker_id, settings.env, address)
@@ -247,6 +339,8 @@ def run_worker(settings: WorkerSettings) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=_watchdog, args=(worker, settings.step_timeout),
+                     name="step-watchdog", daemon=True).start()
     code = EXIT_OK
     try:
         while not worker.stopped.wait(0.5):
@@ -262,25 +356,28 @@ def run_worker(settings: WorkerSettings) -> int:
         server.stop(grace=2.0).wait(5.0)
         worker.close()
     if worker.failure is not None:
-        code = EXIT_ERROR
+        code = EXIT_UNHEALTHY if worker.unhealthy else EXIT_ERROR
     log.info(
-        "worker %d stopped (%s): %d fragments sent, %d lost",
+        "worker %d stopped (%s): %d fragments sent, %d lost, %d env faults, %d episodes "
+        "aborted, %d malformed and %d non-finite weights refused",
         settings.worker_id, worker.stop_reason or "no learner", worker.fragments_sent,
-        worker.fragments_lost,
+        worker.fragments_lost, worker.collector.total_faults, worker.collector.total_aborted,
+        worker.messages_malformed, worker.weights_nonfinite,
     )
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m rollout.worker SETTINGS_JSON`: the launcher's way to start a worker."""
-    import sys
-
     from rollout.settings import from_json
 
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return run_worker(from_json(WorkerSettings, Path(argv[0]).read_text()))
+    except (EnvUnhealthyError, NonFiniteError) as exc:  # already failing at the first reset
+        log.error("%s", exc)
+        return EXIT_UNHEALTHY
     except HetrlError as exc:
         log.error("%s", exc)
         return EXIT_ERROR

@@ -1,0 +1,93 @@
+"""Envs that fail on purpose, importable by worker processes as tests.reliability.envs:Name.
+
+Each behaves like a tiny episodic env (obs = [t/10, instance], episodes of 10 steps)
+until its fault; environment variables or class attributes choose the fault.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import gymnasium as gym
+import numpy as np
+
+
+class Counting(gym.Env):
+    """Ten-step episodes; reward 1 per step; each instance numbered as it is made."""
+
+    observation_space = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    made = itertools.count()
+
+    def __init__(self) -> None:
+        self.instance = next(type(self).made)
+        self.t = 0
+        self.total_steps = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.t / 10, self.instance], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        self.total_steps += 1
+        self.fault()
+        return self._obs(), 1.0, False, self.t >= 10, {}
+
+    def fault(self) -> None:
+        """Override: raise, hang, or corrupt."""
+
+
+class FailsOnce(Counting):
+    """Instance 0 raises at its 4th step; every other instance is healthy."""
+
+    made = itertools.count()
+
+    def fault(self) -> None:
+        if self.instance == 0 and self.total_steps == 4:
+            raise RuntimeError("physics blew up (test fault)")
+
+
+class AlwaysFails(Counting):
+    """Raises at every instance's 3rd step."""
+
+    made = itertools.count()
+
+    def fault(self) -> None:
+        if self.total_steps == 3:
+            raise RuntimeError("physics blew up again (test fault)")
+
+
+class NaNOnce(Counting):
+    """Instance 0 returns a NaN observation at its 4th step."""
+
+    made = itertools.count()
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        if self.instance == 0 and self.total_steps == 4:
+            obs = np.array([np.nan, 0], np.float32)
+        return obs, reward, term, trunc, info
+
+
+class HangsOnce(Counting):
+    """Hangs forever at its 50th step unless the file HETRL_TEST_HANG_FLAG exists; it
+    writes the file (with the time) first, so only the first worker process hangs."""
+
+    def fault(self) -> None:
+        if self.total_steps != 50:
+            return
+        try:  # O_EXCL: exactly one env of one worker process claims the hang
+            fd = os.open(os.environ["HETRL_TEST_HANG_FLAG"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, str(time.time()).encode())
+        os.close(fd)
+        while True:
+            time.sleep(1)

@@ -1,0 +1,179 @@
+"""Bad input 10, 11, 12, 14 and the gRPC settings: oversized and malformed messages,
+non-finite weights, health, keepalive values, and no pickle in the product. Real gRPC
+servers on loopback, in this process."""
+
+from __future__ import annotations
+
+import queue
+import re
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from learner.connections import WorkerStream, fan_in_bound
+from protos import hetrl_pb2, hetrl_pb2_grpc
+from rollout import wire
+from rollout.errors import ConfigError
+from rollout.settings import WorkerSettings
+from rollout.transport import (
+    DEFAULT_OPTIONS,
+    TransportOptions,
+    auth_metadata,
+    create_channel,
+    create_server,
+)
+from rollout.worker import RolloutWorker
+from tests.helpers import wait_for
+from tests.learner.test_stream import make_spec, weights_message
+
+TOKEN = "test-token"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def small_limit_worker():
+    """A worker served with a 1 MiB message limit."""
+    settings = WorkerSettings(env="CartPole-v1", envs_per_worker=2, fragment_length=4)
+    worker = RolloutWorker(settings)
+    options = TransportOptions(max_message_bytes=1 << 20)
+    server, port = create_server("127.0.0.1:0", TOKEN, options=options)
+    hetrl_pb2_grpc.add_RolloutServicer_to_server(worker, server)
+    health_pb2_grpc.add_HealthServicer_to_server(worker.health, server)
+    server.start()
+    yield worker, f"127.0.0.1:{port}", settings, options
+    worker.request_stop("test over")
+    server.stop(0).wait(5)
+    worker.close()
+
+
+def raw_stream(address: str, messages, send_limit: int = 64 << 20):
+    channel = grpc.insecure_channel(address, options=[
+        ("grpc.max_send_message_length", send_limit)])
+    stub = hetrl_pb2_grpc.RolloutStub(channel)
+    return stub.Stream(iter(messages), metadata=auth_metadata(TOKEN), timeout=10)
+
+
+def good_stream_works(worker, address, settings, options) -> None:
+    fan_in: queue.Queue = queue.Queue()
+    stream = WorkerStream(address, TOKEN, make_spec(worker), fan_in,
+                          weights_message(worker, settings, 3), credits=1,
+                          connect_timeout=10, options=options)
+    stream.start()
+    item = fan_in.get(timeout=20)
+    assert item[2].policy_version == 3
+    stream.stop("done", timeout=10)
+
+
+def test_limits_are_equal_on_both_ends() -> None:
+    server = dict(DEFAULT_OPTIONS.server_options())
+    client = dict(DEFAULT_OPTIONS.channel_options())
+    for key in ("grpc.max_send_message_length", "grpc.max_receive_message_length"):
+        assert server[key] == client[key] == DEFAULT_OPTIONS.max_message_bytes
+
+
+def test_fragment_over_the_limit_is_refused_at_start() -> None:
+    settings = WorkerSettings(env="CartPole-v1", envs_per_worker=200, fragment_length=100_000)
+    with pytest.raises(ConfigError, match="message limit: lower --fragment-length"):
+        RolloutWorker(settings)
+
+
+def test_oversized_message_gets_resource_exhausted_and_server_serves_on(
+    small_limit_worker,
+) -> None:
+    worker, address, settings, options = small_limit_worker
+    big = hetrl_pb2.Weights(version=1, arrays=wire.encode_named(
+        {"x": np.zeros(2 << 20, np.uint8)}))
+    responses = raw_stream(address, [hetrl_pb2.LearnerMessage(weights=big)])
+    with pytest.raises(grpc.RpcError) as info:
+        list(responses)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    wait_for(lambda: worker.state.value == "idle", 10, "the worker to be free again")
+    good_stream_works(worker, address, settings, options)
+
+
+@pytest.mark.parametrize("arrays", [
+    [hetrl_pb2.NamedArray(name="x", array=hetrl_pb2.NDArray(dtype="|O", shape=[1], data=b"1"))],
+    [hetrl_pb2.NamedArray(name="x", array=hetrl_pb2.NDArray(dtype="<f4", shape=[-1], data=b""))],
+    [hetrl_pb2.NamedArray(name="x", array=hetrl_pb2.NDArray(dtype="<f4", shape=[3], data=b"12"))],
+    [hetrl_pb2.NamedArray(name="x", array=hetrl_pb2.NDArray(dtype="<f4", shape=[1 << 40],
+                                                            data=b""))],
+    [],  # wrong field count: weights that do not fit the policy
+], ids=["object-dtype", "negative-dim", "size-mismatch", "huge-dim", "missing-fields"])
+def test_malformed_weights_get_invalid_argument_and_are_counted(
+    small_limit_worker, arrays
+) -> None:
+    worker, address, settings, options = small_limit_worker
+    weights = hetrl_pb2.Weights(version=1, arrays=arrays)
+    responses = raw_stream(address, [
+        hetrl_pb2.LearnerMessage(weights=weights),
+        hetrl_pb2.LearnerMessage(credits=hetrl_pb2.Credits(count=1)),
+    ])
+    with pytest.raises(grpc.RpcError) as info:
+        for message in responses:
+            assert message.WhichOneof("kind") == "hello"
+            time.sleep(0.01)  # keep the request side open while the worker reads
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert worker.messages_malformed == 1
+    wait_for(lambda: worker.state.value == "idle", 10, "the worker to be free again")
+    good_stream_works(worker, address, settings, options)
+
+
+def test_nonfinite_weights_are_dropped_and_counted(small_limit_worker) -> None:
+    worker, address, settings, options = small_limit_worker
+    weights = weights_message(worker, settings, 5)
+    for item in weights.arrays:
+        if item.array.dtype == "<f4":
+            bad = wire.decode(item.array).copy()
+            bad.flat[0] = np.nan
+            item.array.CopyFrom(wire.encode(bad))
+            break
+    fan_in: queue.Queue = queue.Queue()
+    stream = WorkerStream(address, TOKEN, make_spec(worker), fan_in, weights, credits=1,
+                          connect_timeout=10, options=options)
+    stream.start()
+    wait_for(lambda: worker.weights_nonfinite == 1, 10, "the NaN weights to be refused")
+    assert fan_in.empty()  # nothing sampled with them
+    stream.push_weights(weights_message(worker, settings, 6))
+    assert fan_in.get(timeout=20)[2].policy_version == 6
+    stream.stop("done", timeout=10)
+
+
+def test_health_reports_serving_then_not_serving(small_limit_worker) -> None:
+    worker, address, *_ = small_limit_worker
+    stub = health_pb2_grpc.HealthStub(create_channel(address))
+    ask = lambda: stub.Check(health_pb2.HealthCheckRequest(service="hetrl.Rollout"),  # noqa: E731
+                             metadata=auth_metadata(TOKEN), timeout=5).status
+    assert ask() == health_pb2.HealthCheckResponse.SERVING
+    worker.request_stop("test")
+    assert ask() == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_keepalive_is_accepted_by_the_server_and_configurable() -> None:
+    options = TransportOptions(keepalive_time=2.0, keepalive_timeout=1.5)
+    client, server = dict(options.channel_options()), dict(options.server_options())
+    assert client["grpc.keepalive_time_ms"] == 2000
+    assert client["grpc.keepalive_timeout_ms"] == 1500
+    assert client["grpc.keepalive_permit_without_calls"] == 1
+    assert server["grpc.http2.min_recv_ping_interval_without_data_ms"] <= 2000
+    assert client["grpc.max_reconnect_backoff_ms"] <= 2000  # bounded backoff
+    assert fan_in_bound(4, 2) == 20  # the learner's queue has an explicit bound
+
+
+def test_no_pickle_or_unsafe_torch_load_in_the_product() -> None:
+    offenders = []
+    for package in ("protos", "rollout", "learner", "launch"):
+        for path in (ROOT / package).rglob("*.py"):
+            text = path.read_text()
+            for n, line in enumerate(text.splitlines(), 1):
+                code = line.split("#", 1)[0]
+                if re.search(r"\b(c?pickle|dill|cloudpickle|marshal|shelve)\b", code) and \
+                        re.search(r"\bimport\b|\.loads?\(", code):
+                    offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+            for match in re.finditer(r"torch\.load\((?:[^()]|\([^()]*\))*\)", text):
+                if "weights_only=True" not in match.group(0):
+                    offenders.append(f"{path.relative_to(ROOT)}: {match.group(0)}")
+    assert offenders == [], "pickle-based loading in the product:\n" + "\n".join(offenders)
