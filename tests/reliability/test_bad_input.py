@@ -50,11 +50,18 @@ def small_limit_worker():
     worker.close()
 
 
+def held_open(messages, seconds: float = 10.0):
+    """Yield the messages, then keep the request side open (a learner does not
+    half-close its stream), so the worker acts on them instead of seeing the end."""
+    yield from messages
+    time.sleep(seconds)
+
+
 def raw_stream(address: str, messages, send_limit: int = 64 << 20):
     channel = grpc.insecure_channel(address, options=[
         ("grpc.max_send_message_length", send_limit)])
     stub = hetrl_pb2_grpc.RolloutStub(channel)
-    return stub.Stream(iter(messages), metadata=auth_metadata(TOKEN), timeout=10)
+    return stub.Stream(held_open(messages), metadata=auth_metadata(TOKEN), timeout=10)
 
 
 def good_stream_works(worker, address, settings, options) -> None:
@@ -115,7 +122,6 @@ def test_malformed_weights_get_invalid_argument_and_are_counted(
     with pytest.raises(grpc.RpcError) as info:
         for message in responses:
             assert message.WhichOneof("kind") == "hello"
-            time.sleep(0.01)  # keep the request side open while the worker reads
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert worker.messages_malformed == 1
     wait_for(lambda: worker.state.value == "idle", 10, "the worker to be free again")
