@@ -9,7 +9,8 @@ import sys
 import tyro
 
 from launch.emulate import EmulateSettings
-from launch.settings import ClusterSettings, LocalSettings
+from launch.plan import PlanSettings
+from launch.settings import ClusterSettings, LocalSettings, ReportSettings
 from launch.submit import SubmitSettings  # imports no SDK; it loads only when used
 from learner.settings import LearnerSettings
 from rollout.errors import HetrlError
@@ -51,6 +52,28 @@ def _submit(settings: SubmitSettings) -> int:
     return run_submit(settings)
 
 
+def _report(settings: ReportSettings) -> int:
+    from pathlib import Path
+
+    from launch.report import compare, write_report
+
+    types = list(settings.instance_type) + [""] * (2 - len(settings.instance_type))
+    prices = settings.prices or None
+    for run, kind in zip(settings.runs, types, strict=False):
+        print(f"report: {write_report(Path(run), kind, prices)}")
+    if len(settings.runs) == 2:
+        print(compare(Path(settings.runs[0]), Path(settings.runs[1]), types[0], types[1],
+                      prices))
+    return 0
+
+
+def _plan(settings: PlanSettings) -> int:
+    from launch.plan import run_plan
+
+    print(run_plan(settings))
+    return 0
+
+
 def _launch(settings: ClusterSettings) -> int:  # dispatched in main(), see there
     raise AssertionError("hetrl launch is dispatched by launch.host.main")
 
@@ -60,6 +83,8 @@ COMMANDS = {
     "launch": (ClusterSettings, _launch),
     "emulate": (EmulateSettings, _emulate),
     "submit": (SubmitSettings, _submit),
+    "report": (ReportSettings, _report),
+    "plan": (PlanSettings, _plan),
     "worker": (WorkerSettings, _worker),
     "learner": (LearnerSettings, _learner),
 }

@@ -19,8 +19,10 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from launch.cluster import ClusterView, resolve, usable_cores
@@ -63,6 +65,7 @@ class HostControl(hetrl_pb2_grpc.HostControlServicer):
         self.last_heartbeat: float | None = None
         self.stop_reason: str | None = None
         self.changed = threading.Event()
+        self.workers_running: Callable[[], int] = lambda: 0
 
     def _alive(self) -> None:
         now = time.monotonic()
@@ -75,7 +78,11 @@ class HostControl(hetrl_pb2_grpc.HostControlServicer):
 
     def Heartbeat(self, request, context):
         self._alive()
-        return hetrl_pb2.HeartbeatReply()
+        return hetrl_pb2.HeartbeatReply(
+            cpu_percent=psutil.cpu_percent(interval=None),
+            memory_percent=psutil.virtual_memory().percent,
+            workers_running=self.workers_running(),
+        )
 
     def Stop(self, request, context):
         log.info("stop requested by the learner host: %s", request.reason or "no reason")
@@ -119,6 +126,7 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
     health_status.set("", SERVING)
     for i in range(count):
         health_status.set(f"hetrl.worker.{i}", SERVING)
+    control.workers_running = lambda: sum(w.exit_code() is None for w in workers)
     try:
         server, _ = create_server(f"{address}:{settings.control_port}", token,
                                   options=transport_options(settings))

@@ -10,6 +10,7 @@ backoff within the stop budget. Failures are written to `<base>/output/failure`.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -44,6 +45,7 @@ class EnvHosts:
         self.stubs: dict[str, hetrl_pb2_grpc.HostControlStub] = {}
         self._stop_heartbeats = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
+        self.load: dict[str, hetrl_pb2.HeartbeatReply] = {}  # newest reply per host
 
     def _stub(self, host: str) -> hetrl_pb2_grpc.HostControlStub:
         if host not in self.stubs:
@@ -91,7 +93,7 @@ class EnvHosts:
             while not self._stop_heartbeats.wait(interval):
                 for host in self.hosts:
                     try:
-                        self._stub(host).Heartbeat(
+                        self.load[host] = self._stub(host).Heartbeat(
                             hetrl_pb2.HeartbeatRequest(learner="learner"),
                             metadata=self.metadata, timeout=min(RPC_DEADLINE, interval),
                         )
@@ -100,6 +102,17 @@ class EnvHosts:
 
         self._heartbeat_thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
         self._heartbeat_thread.start()
+
+    def metrics(self) -> dict[str, float]:
+        """CPU and memory of every env host, from the newest heartbeat replies."""
+        out: dict[str, float] = {}
+        for host, reply in list(self.load.items()):
+            out[f"utilisation/env_host_cpu_percent/{host}"] = reply.cpu_percent
+            out[f"utilisation/env_host_memory_percent/{host}"] = reply.memory_percent
+        cpus = [r.cpu_percent for r in list(self.load.values())]
+        if cpus:
+            out["utilisation/env_hosts_cpu_percent"] = sum(cpus) / len(cpus)
+        return out
 
     def stop_all(self, reason: str, budget: float) -> list[str]:
         """Stop every env host, retrying with backoff within `budget` s; return the
@@ -159,6 +172,8 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
         learner_settings = pick(LearnerSettings, settings, worker_addresses=tuple(addresses),
                                 out=str(cluster.model_dir))
         learner = Learner(learner_settings, token)
+        learner.extra_metrics = env_hosts.metrics
+        _write_cluster_file(cluster, settings)
         if stop_reason:
             learner.request_stop(stop_reason[-1])
         log.info("learner connecting to %d workers (%d on this host)", len(addresses),
@@ -178,7 +193,23 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
             log.error("env hosts %s did not confirm the stop; their dead-man's switch "
                       "ends them within loss_timeout", unconfirmed)
         stop_all(local, 10.0)
+    if learner is not None:
+        from launch.report import try_write_report
+
+        try_write_report(cluster.model_dir)
     return code
+
+
+def _write_cluster_file(cluster: ClusterView, settings: ClusterSettings) -> None:
+    """Record the job's instance groups beside the model, so reports can price the run."""
+    instances = [
+        {"group": name, "instance_type": cluster.instance_types.get(name, ""),
+         "count": len(hosts)}
+        for name, hosts in cluster.groups.items()
+        if name in settings.env_groups or name == settings.learner_group
+    ]
+    cluster.model_dir.mkdir(parents=True, exist_ok=True)
+    (cluster.model_dir / "cluster.json").write_text(json.dumps({"instances": instances}))
 
 
 def _start_local_workers(

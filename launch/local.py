@@ -108,7 +108,14 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     describe_env(settings)  # fail here, before anything is spawned
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
+    if settings.instance_type:  # what the report prices this machine as
+        instances = [{"group": "local", "instance_type": settings.instance_type, "count": 1}]
+        (out / "cluster.json").write_text(json.dumps({"instances": instances}))
     code = _supervise(settings, out / "launch")
+    if (out / "summary.json").exists():
+        from launch.report import try_write_report
+
+        try_write_report(out, settings.instance_type)
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return RunResult(code, out, summary)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
+
+import tyro
 
 from learner.settings import CheckpointSettings, OutputSettings, TrainSettings
 from rollout.settings import (
@@ -28,6 +31,9 @@ class LocalSettings(
     """Seconds a worker may take to start listening before the run is abandoned."""
     shutdown_grace: float = 20.0
     """Seconds children get to exit after training ends or a stop, before SIGKILL."""
+    instance_type: str = ""
+    """Instance type this machine stands for in the run report's cost figures
+    (e.g. ml.g5.2xlarge); empty: no cost figures."""
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
@@ -72,6 +78,10 @@ class ClusterSettings(
     """Where the learner writes checkpoints (SageMaker syncs this directory with S3)."""
     resume: bool = True
     """Resume from the newest checkpoint there (a restarted spot job continues)."""
+    checkpoint_every: float = 120.0
+    """Seconds between periodic checkpoints. Shorter than for local runs: under the v3 SDK
+    the container's first process is bash, which may not pass a stop's SIGTERM on, so
+    the periodic checkpoint is what a stopped or interrupted job resumes from."""
 
     def __post_init__(self) -> None:
         self.env_groups = tuple(self.env_groups)
@@ -88,3 +98,21 @@ class ClusterSettings(
             value = getattr(self, name)
             require(value > 0, f"--{name.replace('_', '-')} must be > 0, got {value}")
         _chain_post_init(self, ClusterSettings)
+
+
+@dataclasses.dataclass
+class ReportSettings:
+    """`hetrl report RUN_DIR [RUN_B]`: write a run's report, or compare two runs."""
+
+    runs: Annotated[tuple[str, ...], tyro.conf.Positional]
+    """One run directory to report on, or two (A then B) to compare."""
+    instance_type: tuple[str, ...] = ()
+    """Instance type each local run stands for, in the order of the runs (cluster runs
+    record their own)."""
+    prices: str = ""
+    """A JSON price file overriding the shipped table (same format as launch/prices.json)."""
+
+    def __post_init__(self) -> None:
+        require(len(self.runs) in (1, 2), "give one run directory, or two to compare")
+        require(len(self.instance_type) <= len(self.runs),
+                "give at most one --instance-type per run")

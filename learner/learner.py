@@ -16,6 +16,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,8 @@ from learner.connections import (
 from learner.metrics import MetricsWriter
 from learner.ppo import Batch, ppo_update
 from learner.settings import LearnerSettings
+from learner.utilisation import UtilisationSampler
+from learner.verdict import judge
 from protos import hetrl_pb2
 from rollout import wire
 from rollout.envs import describe_env
@@ -100,6 +103,12 @@ class Learner:
         self.lag_histogram: collections.Counter[int] = collections.Counter()
         self.wait_seconds = 0.0
         self.train_seconds = 0.0
+        self.batch_wait_seconds = 0.0
+        self.worker_collect_seconds = 0.0
+        self.worker_wait_seconds = 0.0
+        self.sampler = UtilisationSampler(self.device)
+        # Extra metrics from whoever runs the learner (e.g. env hosts' CPU in a cluster).
+        self.extra_metrics: Callable[[], dict[str, float]] | None = None
         self._stop_reason: str | None = None
         self.updates_nonfinite = 0
 
@@ -203,7 +212,8 @@ class Learner:
                             lag, s.max_policy_lag)
                 continue
             batch.append(fragment)
-        self.wait_seconds += time.perf_counter() - wait_start
+        self.batch_wait_seconds = time.perf_counter() - wait_start
+        self.wait_seconds += self.batch_wait_seconds
         return batch
 
     def _on_stream_failure(self, failure: StreamFailure) -> None:
@@ -248,7 +258,12 @@ class Learner:
         weights = self._last_weights = self._weights_message()
         for stream in self.streams:
             stream.push_weights(weights)
-        self.train_seconds += time.perf_counter() - train_start
+        train_seconds = time.perf_counter() - train_start
+        self.train_seconds += train_seconds
+        collect = sum(f.arrays.collect_seconds for f in frags)
+        waited = sum(f.wait_seconds for f in frags)
+        self.worker_collect_seconds += collect
+        self.worker_wait_seconds += waited
 
         lags = [self.version - 1 - f.policy_version for f in frags]
         episode_returns = np.concatenate([f.arrays.episode_returns for f in frags])
@@ -265,7 +280,13 @@ class Learner:
             "charts/episodes": float(self.episodes),
             "charts/learner_wait_fraction": self.wait_seconds / max(busy, 1e-9),
             "charts/worker_wait_seconds": float(np.mean([f.wait_seconds for f in frags])),
+            "utilisation/learner_busy_fraction":
+                train_seconds / max(train_seconds + self.batch_wait_seconds, 1e-9),
+            "utilisation/worker_busy_fraction": collect / max(collect + waited, 1e-9),
+            **self.sampler.sample(),
         })
+        if self.extra_metrics is not None:
+            stats.update(self.extra_metrics())
         if len(episode_returns):
             stats["charts/episodic_return"] = float(episode_returns.mean())
             stats["charts/episodic_length"] = float(episode_lengths.mean())
@@ -334,12 +355,18 @@ class Learner:
             "learner_train_seconds": round(self.train_seconds, 3),
             "workers": [s.address for s in self.streams],
             "resumed_from": self.resumed_from,
+            "worker_collect_seconds": round(self.worker_collect_seconds, 3),
+            "worker_wait_seconds": round(self.worker_wait_seconds, 3),
         }
+        hosts = {address.rsplit(":", 1)[0] for address in summary["workers"]}
+        verdict = judge(self.wait_seconds, self.train_seconds, self.worker_collect_seconds,
+                        self.worker_wait_seconds, len(self.streams), len(hosts))
+        summary["verdict"] = verdict.kind
+        summary["verdict_text"] = verdict.text
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        metrics.progress(
-            f"{outcome}: {self.global_step:,} steps in {metrics.wall_seconds:.1f} s, "
-            f"mean return(100) {summary['mean_return_100']}", force=True,
-        )
+        log.info("%s: %s steps in %.1f s, mean return(100) %s", outcome,
+                 f"{self.global_step:,}", metrics.wall_seconds, summary["mean_return_100"])
+        log.info("bottleneck: %s", verdict.text)
 
 
 def run_learner(settings: LearnerSettings, token: str | None = None) -> int:

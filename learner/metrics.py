@@ -55,5 +55,7 @@ class MetricsWriter:
         sys.stderr.flush()
 
     def close(self) -> None:
+        if self._progress and self._tty and self._last_progress:
+            sys.stderr.write("\n")  # leave the rewritten progress line behind
         self._tb.close()
         self._jsonl.close()

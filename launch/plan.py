@@ -1,0 +1,209 @@
+"""`hetrl plan`: how many env hosts saturate the learner, and what that costs.
+
+It measures what one core does here with the real env and policy (a worker's vector env
+and CPU policy stepping whole fragments on one torch thread), takes the learner's
+capacity in env steps per second (given, read from a previous run's summary, or
+measured here on this CPU), and prints, for 0, 1, 2, ... env hosts of the chosen type
+beside the learner instance: expected env steps/s, $/hour, $ per million env steps
+(on-demand and spot), learner utilisation, and the gain over the homogeneous baseline
+(the learner instance alone, its spare vCPUs running workers). This is the arithmetic
+AWS asks users to do by hand. It starts no cluster and sends nothing anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+from launch.prices import cost_per_million_steps, load_prices
+from rollout.errors import ConfigError
+from rollout.settings import EnvSettings, PolicySettings, RolloutSettings, require
+
+
+@dataclasses.dataclass
+class PlanSettings(EnvSettings, PolicySettings, RolloutSettings):
+    """`hetrl plan`: size a heterogeneous job for an env before paying for it."""
+
+    learner_type: str = "ml.g5.2xlarge"
+    """Instance type of the learner host."""
+    env_type: str = "ml.c5.9xlarge"
+    """Instance type of the env hosts."""
+    learner_samples_per_second: float = 0.0
+    """Env steps per second the learner can train on; 0: read --from-run, else measure
+    here on this CPU (a GPU learner is faster, so that figure is a floor)."""
+    from_run: str = ""
+    """A previous run directory: its summary gives the learner's samples per second."""
+    learner_cores: int = 2
+    """vCPUs of the learner host kept for the learner (the rest run workers)."""
+    measure_seconds: float = 5.0
+    """Seconds spent measuring the env's steps per second on one core."""
+    max_env_hosts: int = 32
+    """Largest number of env hosts the table considers."""
+    prices: str = ""
+    """A JSON price file overriding the shipped table (same format as prices.json)."""
+
+    def __post_init__(self) -> None:
+        require(self.learner_samples_per_second >= 0, "--learner-samples-per-second must be >= 0")
+        require(self.measure_seconds > 0, "--measure-seconds must be > 0")
+        require(self.max_env_hosts >= 1, "--max-env-hosts must be >= 1")
+        require(self.learner_cores >= 0, "--learner-cores must be >= 0")
+        super().__post_init__()
+
+
+def measure_core_rate(settings: PlanSettings) -> float:
+    """Env steps per second of one worker on one core (policy inference included)."""
+    import torch
+
+    from rollout.collector import Collector
+    from rollout.envs import make_vector_env
+    from rollout.policy import Policy
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    envs = make_vector_env(settings, settings.envs_per_worker, settings.vector_mode)
+    try:
+        policy = Policy(envs.single_observation_space, envs.single_action_space, settings)
+        collector = Collector(envs, policy, settings.fragment_length, settings.seed)
+        collector.collect()  # warm-up: first resets, lazy imports, allocator
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < settings.measure_seconds:
+            steps += collector.collect().rewards.size
+        return steps / (time.perf_counter() - start)
+    finally:
+        envs.close()
+        torch.set_num_threads(threads)
+
+
+def learner_rate_from_run(path: Path) -> float:
+    """Env steps per second of training time in a previous run."""
+    summary = json.loads((path / "summary.json").read_text())
+    train = float(summary.get("learner_train_seconds") or 0)
+    if train <= 0:
+        raise ConfigError(f"{path}/summary.json has no training time to measure the learner by")
+    return float(summary["global_step"]) / train
+
+
+def measure_learner_rate(settings: PlanSettings, seconds: float = 3.0) -> float:
+    """Env steps per second the learner trains on here (default PPO settings, this CPU)."""
+    import torch
+
+    from learner.settings import TrainSettings
+
+    train = TrainSettings()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(train.learner_torch_threads)  # as the learner process runs
+    try:
+        return _time_updates(settings, train, seconds)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _time_updates(settings: PlanSettings, train, seconds: float) -> float:
+    import numpy as np
+    import torch
+
+    from learner.ppo import Batch, ppo_update
+    from rollout.envs import describe_env
+    from rollout.policy import Policy, action_dtype
+
+    d = describe_env(settings)
+    policy = Policy(d.observation_space, d.action_space, settings)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=train.learning_rate)
+    t_len = settings.fragment_length
+    n = settings.envs_per_worker * train.fragments_per_batch
+    rng = np.random.default_rng(0)
+    obs = np.stack([d.observation_space.sample() for _ in range((t_len + 1) * n)])
+    actions = np.stack([d.action_space.sample() for _ in range(t_len * n)])
+    batch = Batch(
+        obs=torch.from_numpy(obs.reshape(t_len + 1, n, *obs.shape[1:])),
+        actions=torch.from_numpy(actions.astype(action_dtype(d.action_space)).reshape(
+            t_len, n, *actions.shape[1:])),
+        logprobs=torch.full((t_len, n), -0.7),
+        rewards=torch.from_numpy(rng.normal(size=(t_len, n)).astype(np.float32)),
+        terminated=torch.zeros(t_len, n, dtype=torch.bool),
+        truncated=torch.zeros(t_len, n, dtype=torch.bool),
+        valid=torch.ones(t_len, n, dtype=torch.bool),
+    )
+    ppo_update(policy, optimizer, batch, train)  # warm-up
+    updates, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        ppo_update(policy, optimizer, batch, train)
+        updates += 1
+    return updates * t_len * n / (time.perf_counter() - start)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    env_hosts: int
+    env_steps_per_second: float
+    learner_busy: float
+    price_per_hour: float
+    cost_per_million: float
+    spot_cost_per_million: float
+    gain: float  # fraction cheaper per env step than the homogeneous baseline
+
+
+def plan_rows(core_rate: float, learner_rate: float, settings: PlanSettings) -> list[PlanRow]:
+    """Rows for 0 (homogeneous) .. N env hosts, up to one past saturating the learner."""
+    prices = load_prices(settings.prices or None)
+    learner, env = prices.get(settings.learner_type), prices.get(settings.env_type)
+    spare = max(0, learner.vcpus - settings.learner_cores)
+    rows: list[PlanRow] = []
+    for k in range(settings.max_env_hosts + 1):
+        produced = core_rate * (spare + k * env.vcpus)
+        rate = min(produced, learner_rate)
+        price = learner.price_per_hour + k * env.price_per_hour
+        cost = cost_per_million_steps(price, rate)
+        base = rows[0].cost_per_million if rows else cost
+        rows.append(PlanRow(k, rate, rate / learner_rate, price, cost,
+                            cost * (1 - prices.spot_discount),
+                            1 - cost / base if math.isfinite(base) and base > 0 else 0.0))
+        if produced >= learner_rate and k >= 1:
+            break
+    return rows
+
+
+def run_plan(settings: PlanSettings) -> str:
+    """Measure, compute and format the plan."""
+    core_rate = measure_core_rate(settings)
+    if settings.learner_samples_per_second > 0:
+        learner_rate, source = settings.learner_samples_per_second, "given"
+    elif settings.from_run:
+        learner_rate = learner_rate_from_run(Path(settings.from_run))
+        source = f"from {settings.from_run}"
+    else:
+        learner_rate = measure_learner_rate(settings)
+        source = "measured on this CPU (a GPU learner is faster: pass the GPU figure)"
+    rows = plan_rows(core_rate, learner_rate, settings)
+    best = min(rows, key=lambda r: r.cost_per_million)
+    saturating = next((r for r in rows if r.learner_busy >= 0.999), None)
+    lines = [
+        f"env {settings.env}: {core_rate:,.0f} env steps/s per core "
+        f"({settings.envs_per_worker} envs x {settings.fragment_length} steps per fragment)",
+        f"learner {settings.learner_type}: {learner_rate:,.0f} env steps/s ({source})",
+        "",
+        f"{'env hosts':>20} {'env steps/s':>12} {'learner busy':>12} {'$/hour':>8} "
+        f"{'$/M steps':>10} {'spot $/M':>9} {'vs homog.':>9}",
+    ]
+    for r in rows:
+        label = f"{r.env_hosts} x {settings.env_type}" if r.env_hosts else "homogeneous"
+        lines.append(
+            f"{label:>20} {r.env_steps_per_second:>12,.0f} {r.learner_busy:>12.0%} "
+            f"{r.price_per_hour:>8.3f} {r.cost_per_million:>10.4f} "
+            f"{r.spot_cost_per_million:>9.4f} {r.gain:>+9.0%}"
+        )
+    lines.append("")
+    if saturating is not None and saturating.env_hosts == 0:
+        lines.append(f"the {settings.learner_type} alone saturates its learner with its own "
+                     "vCPUs: env hosts would not pay for themselves with this env.")
+    elif saturating is not None:
+        lines.append(f"{saturating.env_hosts} env host(s) of {settings.env_type} saturate the "
+                     f"learner; cheapest per env step: {best.env_hosts} env host(s) "
+                     f"({best.gain:+.0%} vs the learner instance alone).")
+    else:
+        lines.append(f"even {settings.max_env_hosts} env hosts do not saturate the learner: "
+                     "the env is the bottleneck; raise --max-env-hosts or pick bigger hosts.")
+    return "\n".join(lines)

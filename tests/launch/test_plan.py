@@ -1,0 +1,49 @@
+"""`hetrl plan`: the sizing arithmetic, and its per-core figure against a real run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launch import run_local
+from launch.plan import PlanSettings, measure_core_rate, plan_rows, run_plan
+
+
+def test_rows_follow_the_arithmetic() -> None:
+    # g5.2xlarge: 8 vCPUs (6 spare after 2 learner cores); c5.9xlarge: 36 vCPUs.
+    settings = PlanSettings(learner_type="ml.g5.2xlarge", env_type="ml.c5.9xlarge")
+    rows = plan_rows(core_rate=1000.0, learner_rate=60_000.0, settings=settings)
+    assert [r.env_hosts for r in rows] == [0, 1, 2]
+    assert rows[0].env_steps_per_second == 6_000  # homogeneous: 6 spare vCPUs
+    assert rows[1].env_steps_per_second == 42_000  # 6 + 36 vCPUs
+    assert rows[2].env_steps_per_second == 60_000  # capped by the learner
+    assert rows[2].learner_busy == pytest.approx(1.0)
+    assert rows[1].price_per_hour == pytest.approx(1.515 + 1.836)
+    expected = (1.515 + 2 * 1.836) / 3600 / 60_000 * 1e6
+    assert rows[2].cost_per_million == pytest.approx(expected)
+    assert rows[2].gain == pytest.approx(1 - expected / rows[0].cost_per_million)
+    assert rows[2].spot_cost_per_million == pytest.approx(expected * 0.3)
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Humanoid-v5"])
+def test_plan_prints_a_sane_table(env: str) -> None:
+    text = run_plan(PlanSettings(env=env, measure_seconds=1.0,
+                                 learner_samples_per_second=200_000))
+    assert "env steps/s per core" in text and "homogeneous" in text
+    assert "$/M steps" in text
+    assert "saturate" in text
+
+
+@pytest.mark.slow
+def test_per_core_figure_matches_a_real_run(tmp_path: Path) -> None:
+    # Measured before and after the run, so slow drift in this machine's load cancels.
+    settings = PlanSettings(env="Humanoid-v5", measure_seconds=4.0)
+    before = measure_core_rate(settings)
+    result = run_local(env="Humanoid-v5", workers=1, total_steps=40_000,
+                       out=str(tmp_path / "h"), progress=False)
+    assert result.ok
+    planned = (before + measure_core_rate(settings)) / 2
+    measured = result.summary["global_step"] / result.summary["worker_collect_seconds"]
+    print(f"plan: {planned:,.0f} env steps/s per core; the run's worker: {measured:,.0f}")
+    assert abs(planned - measured) / measured < 0.2
