@@ -41,7 +41,7 @@ from rollout.transport import new_token
 
 log = logging.getLogger("hetrl.launch")
 
-EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130  # 130: Ctrl-C, as shells report it
 
 
 @dataclasses.dataclass
@@ -160,6 +160,10 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
     except _Interrupted as exc:
         print(f"\nhetrl: {exc} received; stopping all processes", file=sys.stderr)
         stop_all(children, settings.shutdown_grace)
+        if exc.signum == signal.SIGTERM and all(c.exit_code() == 0 for c in children):
+            # A stop (SageMaker's, a scheduler's) that every child honoured: the learner
+            # checkpointed and saved its model, so the stop itself succeeded.
+            return EXIT_OK
         return EXIT_INTERRUPTED
     except ChildFailedError as exc:
         print(f"hetrl: {exc}", file=sys.stderr)
