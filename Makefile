@@ -14,13 +14,14 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 PIP_FLAGS ?= --disable-pip-version-check --no-input
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: setup train test lint bench protos clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,sagemaker,mujoco,atari]'
+	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,sagemaker,mujoco,atari,bench]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -32,6 +33,11 @@ train: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Benchmarks (not tests): tables on stdout, JSON and plots in bench/results/.
+# make bench BENCH_ARGS=--quick for a two-minute smoke run.
+bench: setup
+	$(PY) -m bench $(BENCH_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -3,9 +3,10 @@
 Each step of the path is timed on one fragment with 16 MiB of observations and
 divided by the time of one plain memcpy of those bytes (`np.copyto`), so ~1.0 means
 "one copy", ~0 "a view". Where numpy can tell, aliasing is checked directly
-(`np.shares_memory`). The two copies inside gRPC's C core (send: the serialized
-bytes into a slice; receive: the slices back into one Python bytes) cannot be timed
-from Python; they are listed from gRPC's source and their cost shows up in the
+(`np.shares_memory`). The copies inside gRPC's C core (send: the serialized
+bytes into a slice; receive: each slice into a bytes object, then one join, in the
+Cython receive path of gRPC's source) cannot be timed from Python; they are listed
+from the source (grpcio 1.81 has no zero-copy option) and their cost shows up in the
 `grpc` vs `raw tcp` rows of bench.transport. Used by bench.transport; runnable
 alone as `python -m bench.census`.
 """
@@ -20,7 +21,7 @@ import torch
 
 from bench import common
 from protos import hetrl_pb2
-from rollout import fragments, wire
+from rollout import fragments
 from rollout.collector import FragmentArrays
 
 T_LEN, N_ENVS = 64, 8
@@ -55,11 +56,7 @@ def run(quick: bool = False) -> list[dict]:
         for t in range(T_LEN + 1):
             dst[t] = env_obs[t]
 
-    raw = obs.tobytes()
-    nd = wire.encode(obs)
-    frag = hetrl_pb2.Fragment(observations=nd)
-    message = fragments.to_message(arrays, 0, "x", 0, 0)
-    wire_bytes = message.SerializeToString()
+    wire_bytes = fragments.serialize(arrays, 0, "x", 0, 0)
     parsed = hetrl_pb2.WorkerMessage.FromString(wire_bytes)
     data = parsed.fragment.observations.data
     view = np.frombuffer(data, np.float32).reshape(obs.shape)
@@ -78,18 +75,10 @@ def run(quick: bool = False) -> list[dict]:
     side_w, side_l = "worker", "learner"
     stages = [
         (side_w, "Collector.collect: obs[t] = env obs, per step", collector_rows, None),
-        (side_w, "wire.encode: ndarray.tobytes()", lambda: obs.tobytes(), None),
-        (side_w, "NDArray(data=bytes)", lambda: hetrl_pb2.NDArray(
-            dtype="<f4", shape=obs.shape, data=raw), None),
-        (side_w, "Fragment(observations=NDArray)", lambda: hetrl_pb2.Fragment(
-            observations=nd), None),
-        (side_w, "WorkerMessage(fragment=Fragment)", lambda: hetrl_pb2.WorkerMessage(
-            fragment=frag), None),
-        (side_w, "= fragments.to_message, all of it", lambda: fragments.to_message(
-            arrays, 0, "x", 0, 0), None),
-        (side_w, "gRPC serializer: SerializeToString()", message.SerializeToString, None),
+        (side_w, "fragments.serialize: one join of every array's buffer", lambda: (
+            fragments.serialize(arrays, 0, "x", 0, 0)), None),
         (side_w, "gRPC core: bytes -> slice (grpc_slice_from_copied_buffer)", None, 1.0),
-        (side_l, "gRPC core: slices -> one Python bytes", None, 1.0),
+        (side_l, "gRPC core: slices -> bytes per slice -> joined bytes", None, 2.0),
         (side_l, "gRPC deserializer: WorkerMessage.FromString", lambda: (
             hetrl_pb2.WorkerMessage.FromString(wire_bytes)), None),
         (side_l, "NDArray.data attribute read", lambda: parsed.fragment.observations.data,
@@ -101,7 +90,8 @@ def run(quick: bool = False) -> list[dict]:
             [decoded, other], axis=1), None),
         (side_l, "torch.from_numpy(...).to('cpu')", lambda: torch.from_numpy(batch).to("cpu"),
          0.0 if np.shares_memory(tensor.numpy(), batch) else None),
-        (side_l, "ppo_update: b_obs = flat_obs[mask]", lambda: flat[mask], None),
+        (side_l, "ppo_update: valid steps (index positions, or a view if all valid)",
+         lambda: flat[mask.nonzero().squeeze(1)], None),
     ]
     rows, out = [], []
     for side, name, fn, known in stages:
@@ -117,7 +107,7 @@ def run(quick: bool = False) -> list[dict]:
     common.print_table(
         f"Copy census: one fragment with {obs.nbytes / 2**20:.0f} MiB of observations "
         f"(memcpy of it: {memcpy * 1e3:.2f} ms; median of {repeats})",
-        ["side", "step", "ms", "~copies"], rows)
+        ["side", "step", "ms", "memcpy-equivalents (time / memcpy)"], rows)
     return [{"memcpy_ms": memcpy * 1e3, "bytes": obs.nbytes}, *out]
 
 

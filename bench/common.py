@@ -100,10 +100,16 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def stem(name: str, settings: Any) -> str:
+    """File name stem of a result: quick (smoke) runs never overwrite real figures."""
+    return f"{name}-quick" if getattr(settings, "quick", False) else name
+
+
 def write_json(name: str, settings: Any, results: Any) -> Path:
-    """Write bench/results/<name>.json: settings, machine, results, timestamp."""
+    """Write bench/results/<name>[-quick].json: settings, machine, results, timestamp."""
     import dataclasses
 
+    name = stem(name, settings)
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": name,
@@ -159,8 +165,9 @@ class ForeignLoad:
     The benchmarks report it next to each figure so a noisy run shows itself.
     """
 
-    def __init__(self, pids: Sequence[int]) -> None:
+    def __init__(self, pids: Sequence[int], children: bool = False) -> None:
         self.pids = list(pids)
+        self.children = children  # count our waited-for children too (cutime, cstime)
         self._start: tuple[float, float, float] | None = None
 
     @staticmethod
@@ -176,7 +183,8 @@ class ForeignLoad:
                 stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            total += (float(stat[11]) + float(stat[12])) / os.sysconf("SC_CLK_TCK")
+            fields = stat[11:15] if self.children else stat[11:13]
+            total += sum(float(x) for x in fields) / os.sysconf("SC_CLK_TCK")
         return total
 
     def start(self) -> ForeignLoad:

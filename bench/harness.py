@@ -126,6 +126,11 @@ def start_worker(settings, cpus: set[int] | None, token: str, log_name: str):
     return process, json.loads(ready.read_text())["address"]
 
 
+def _nbytes(arrays) -> int:
+    """Payload bytes of a FragmentArrays (its array fields only)."""
+    return sum(v.nbytes for v in vars(arrays).values() if isinstance(v, np.ndarray))
+
+
 @dataclasses.dataclass
 class Window:
     """One timed stretch of steady-state fragments."""
@@ -215,8 +220,7 @@ class Consumer:
             if len(times) > 1:
                 a = fragment.arrays
                 steps += fragment.steps
-                nbytes += sum(getattr(a, f.name).nbytes for f in dataclasses.fields(a)
-                              if f.name != "collect_seconds")
+                nbytes += _nbytes(a)
                 collect += a.collect_seconds
                 wait += fragment.wait_seconds
             if len(times) - 1 >= min_intervals and times[-1] - times[0] >= seconds:
@@ -276,8 +280,7 @@ def _baseline_main(settings_path: str) -> int:
             arrays = worker.collector.collect()
             fragments += 1
             steps += arrays.rewards.size
-            nbytes += sum(getattr(arrays, f.name).nbytes for f in dataclasses.fields(arrays)
-                          if f.name != "collect_seconds")
+            nbytes += _nbytes(arrays)
             collect += arrays.collect_seconds
             span = time.perf_counter() - start
             if fragments >= command["min"] and span >= command["seconds"]:

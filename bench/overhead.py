@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
         plt.xlabel("fragment length (T)")
 
     if sweep:
-        common.plot("overhead", draw, s.plot)
+        common.plot(common.stem("overhead", s), draw, s.plot)
     return results
 
 

@@ -35,7 +35,7 @@ BUCKETS = [
                   "step (gymnasium/wrappers", "step (gymnasium/envs")),
     ("policy.act", ("act (rollout/policy.py",)),
     ("collector bookkeeping", ("collect (rollout/collector.py",)),
-    ("fragments.to_message (encode)", ("to_message (rollout/fragments.py",)),
+    ("fragments.serialize (encode)", ("serialize (rollout/fragments.py",)),
     ("protobuf serialize (grpc serializer)", ("_serialize_response", "serialize (grpc/_common",
                                               "_serialize")),
     ("grpc send wait (server waits for the send)", ("_send_response", "_send_message")),

@@ -6,9 +6,12 @@ a fragment of the requested size for every credit, and a plain TCP socket that s
 length-prefixed messages of the same size back to back. The consumer (pinned to
 another core) is hetrl's real receive path, `WorkerStream` + `fragments.from_message`,
 returning credits at once (2 in flight, hetrl's default); the raw client `recv_into`s
-a preallocated buffer and views it with numpy (zero copies: the ceiling). Three rows
-per size: `hetrl` encodes every fragment (`fragments.to_message`, as a worker does),
-`grpc` resends one prebuilt message (gRPC + protobuf only), `raw tcp`.
+a preallocated buffer and views it with numpy (zero copies: the ceiling). Rows per
+size: `hetrl` encodes every fragment as a worker does (`fragments.serialize`, one copy
+of each array), `pb-objects` builds it through protobuf objects (`fragments.to_message`
+then `SerializeToString`, the encoder hetrl used before), `grpc` serializes one
+prebuilt message each time (gRPC + protobuf only), `raw tcp`. The receive side is
+hetrl's in every gRPC row.
 
 The copy census times each step a fragment's bytes take from env to learner tensor
 on one 16 MiB fragment and divides by one memcpy of the same bytes.
@@ -25,6 +28,7 @@ import sys
 import threading
 import time
 
+import grpc
 import numpy as np
 import tyro
 
@@ -80,9 +84,13 @@ def spec_for(size: int):
 
 
 # -- server child ------------------------------------------------------------------------
+MODES = {"grpc": 0, "hetrl": 1, "pb-objects": 2}
+
+
 class BlastServicer(hetrl_pb2_grpc.RolloutServicer):
-    """Rollout.Stream that sends one test fragment per credit. The learner's first
-    Weights message carries the request: an array "request" = [size, encode_each]."""
+    """Rollout.Stream that sends one test fragment per credit, already serialized (the
+    handler has no response serializer). The learner's first Weights message carries
+    the request: an array "request" = [size, mode]."""
 
     def Stream(self, request_iterator, context):
         cond, state = threading.Condition(), {"credits": 0, "request": None, "done": False}
@@ -108,12 +116,12 @@ class BlastServicer(hetrl_pb2_grpc.RolloutServicer):
             cond.wait_for(lambda: state["request"] is not None or state["done"], 30)
         if state["request"] is None:
             return
-        size, encode_each = (int(v) for v in state["request"]["request"])
+        size, mode = (int(v) for v in state["request"]["request"])
         arrays, spec = test_fragment(size), spec_for(size)
         yield hetrl_pb2.WorkerMessage(hello=hetrl_pb2.Hello(
             worker_id=0, incarnation="bench", num_envs=N_ENVS, fragment_length=T_LEN,
             env=spec.env, observation_space=spec.observation_space,
-            action_space=spec.action_space))
+            action_space=spec.action_space)).SerializeToString()
         prebuilt = fragments.to_message(arrays, 0, "bench", 0, 0)
         sequence = 0
         while True:
@@ -125,11 +133,13 @@ class BlastServicer(hetrl_pb2_grpc.RolloutServicer):
                 if state["done"]:
                     return
                 state["credits"] -= 1
-            if encode_each:
-                yield fragments.to_message(arrays, 0, "bench", sequence, 0)
+            if mode == MODES["hetrl"]:
+                yield fragments.serialize(arrays, 0, "bench", sequence, 0)
+            elif mode == MODES["pb-objects"]:
+                yield fragments.to_message(arrays, 0, "bench", sequence, 0).SerializeToString()
             else:
                 prebuilt.fragment.sequence = sequence
-                yield prebuilt
+                yield prebuilt.SerializeToString()
             sequence += 1
 
 
@@ -150,7 +160,11 @@ def serve() -> int:
 
     token = sys.stdin.readline().strip()
     server, grpc_port = create_server("127.0.0.1:0", token)
-    hetrl_pb2_grpc.add_RolloutServicer_to_server(BlastServicer(), server)
+    handler = grpc.stream_stream_rpc_method_handler(
+        BlastServicer().Stream, request_deserializer=hetrl_pb2.LearnerMessage.FromString,
+        response_serializer=None)  # the servicer yields serialized bytes
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "hetrl.Rollout", {"Stream": handler}),))
     server.start()
     listener = socket.create_server(("127.0.0.1", 0))
     print(json.dumps({"grpc": grpc_port, "raw": listener.getsockname()[1]}), flush=True)
@@ -186,8 +200,8 @@ def raw_window(port: int, size: int, seconds: float, min_intervals: int = 4) -> 
     return (len(times) - 1) * size / (times[-1] - times[0])
 
 
-def grpc_consumer(port: int, token: str, size: int, encode_each: bool) -> harness.Consumer:
-    request = {"request": np.array([size, int(encode_each)], dtype=np.int64)}
+def grpc_consumer(port: int, token: str, size: int, mode: str) -> harness.Consumer:
+    request = {"request": np.array([size, MODES[mode]], dtype=np.int64)}
     return harness.Consumer(f"127.0.0.1:{port}", token, spec_for(size),
                             harness.weights_message(request))
 
@@ -196,6 +210,9 @@ def main(argv: list[str] | None = None) -> dict:
     s = tyro.cli(Settings, args=argv, description=__doc__)
     if s.quick:
         s = dataclasses.replace(s, sizes_kib=(64, 1024), repeats=1, seconds=0.3)
+    sample = test_fragment(1 << 20)
+    assert hetrl_pb2.WorkerMessage.FromString(fragments.serialize(sample, 0, "b", 1, 2)) == \
+        fragments.to_message(sample, 0, "b", 1, 2), "fragments.serialize disagrees"
     producer, consumer_cpus = harness.placement(s.placement)
     harness.pin_this_process(consumer_cpus)
     from rollout.transport import new_token
@@ -210,14 +227,13 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         for kib in s.sizes_kib:
             size = kib * 1024
-            consumers = {"hetrl": grpc_consumer(ports["grpc"], token, size, True),
-                         "grpc": grpc_consumer(ports["grpc"], token, size, False)}
+            consumers = {mode: grpc_consumer(ports["grpc"], token, size, mode) for mode in MODES}
             for c in consumers.values():
                 c.window(0.2, 2, s.credits)  # warm-up
-            rates: dict[str, list[float]] = {"hetrl": [], "grpc": [], "raw tcp": []}
+            order = ["raw tcp", *MODES]
+            rates: dict[str, list[float]] = {name: [] for name in order}
             for i in range(s.repeats):
-                order = ["raw tcp", "grpc", "hetrl"]
-                for name in order[i % 3:] + order[: i % 3]:
+                for name in order[i % 4:] + order[: i % 4]:
                     if name == "raw tcp":
                         rates[name].append(raw_window(ports["raw"], size, s.seconds))
                     else:
@@ -234,8 +250,10 @@ def main(argv: list[str] | None = None) -> dict:
             results.append(entry)
             target = 0.5 if kib >= 1024 else None
             rows.append([f"{kib:,} KiB", common.fmt(entry["raw tcp"]), common.fmt(entry["grpc"]),
-                         common.fmt(entry["hetrl"]), common.fmt(entry["grpc / raw"], ".2f"),
+                         common.fmt(entry["hetrl"]), common.fmt(entry["pb-objects"]),
+                         common.fmt(entry["grpc / raw"], ".2f"),
                          common.fmt(entry["hetrl / raw"], ".2f"),
+                         common.fmt(entry["pb-objects / raw"], ".2f"),
                          "-" if target is None else f">= {target} " + common.verdict(
                              entry["hetrl / raw"]["median"], target)])
             print(f"  {kib} KiB done", flush=True)
@@ -245,14 +263,14 @@ def main(argv: list[str] | None = None) -> dict:
     common.print_table(
         f"Transport: payload MiB/s through one stream, loopback (placement {s.placement}; "
         f"median [min-max] of {s.repeats})",
-        ["message", "raw tcp MiB/s", "grpc (prebuilt) MiB/s", "hetrl (encode+decode) MiB/s",
-         "grpc/raw", "hetrl/raw", "target"], rows)
+        ["message", "raw tcp MiB/s", "grpc MiB/s", "hetrl MiB/s", "pb-objects MiB/s",
+         "grpc/raw", "hetrl/raw", "pb-objects/raw", "target"], rows)
     copies = census.run(quick=s.quick)
     common.write_json("transport", s, {"sizes": results, "copy_census": copies})
 
     def draw(plt) -> None:
         xs = [r["size_kib"] for r in results]
-        for name in ("raw tcp", "grpc", "hetrl"):
+        for name in ("raw tcp", *MODES):
             common.errorbar(plt, xs, [r[name] for r in results], name)
         plt.xscale("log", base=2)
         plt.yscale("log")
@@ -260,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
         plt.ylabel("payload MiB/s, one stream, loopback")
         plt.legend()
 
-    common.plot("transport", draw, s.plot)
+    common.plot(common.stem("transport", s), draw, s.plot)
     return {"sizes": results, "copy_census": copies}
 
 

@@ -67,13 +67,16 @@ def ppo_update(
         )
 
     # Flatten the valid steps into one training set.
+    # Index with the positions of valid steps (a boolean mask copies far slower); when
+    # every step is valid, take views and copy nothing.
     mask = batch.valid.reshape(-1)
-    b_obs = flat_obs[: t_len * n][mask]
-    b_actions = flat_actions[mask]
-    b_logprobs = batch.logprobs.reshape(-1)[mask]
-    b_advantages = advantages.reshape(-1)[mask]
-    b_returns = vs.reshape(-1)[mask]
-    b_values = values[:-1].reshape(-1)[mask]
+    keep = slice(None) if bool(mask.all()) else mask.nonzero().squeeze(1)
+    b_obs = flat_obs[: t_len * n][keep]
+    b_actions = flat_actions[keep]
+    b_logprobs = batch.logprobs.reshape(-1)[keep]
+    b_advantages = advantages.reshape(-1)[keep]
+    b_returns = vs.reshape(-1)[keep]
+    b_values = values[:-1].reshape(-1)[keep]
     size = int(mask.sum())
     mb_size = max(1, size // cfg.minibatches)
 

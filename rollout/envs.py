@@ -199,22 +199,39 @@ def make_vector_env(
         EnvGuard, failure_limit=getattr(settings, "env_failure_limit", 3),
         nonfinite=getattr(settings, "nonfinite", "drop"),
     )
-    kwargs: dict = {}
-    if vector_mode != "auto":
-        kwargs["vectorization_mode"] = vector_mode
-        kwargs["vector_kwargs"] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
-        kwargs["wrappers"] = [guard]
-    elif isinstance(spec, EnvSpec) or gym.spec(spec.rpartition(":")[2]).vector_entry_point is None:
-        kwargs["vectorization_mode"] = "sync"
-        kwargs["vector_kwargs"] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
-        kwargs["wrappers"] = [guard]
-    try:
-        envs = gym.make_vec(spec, num_envs=num_envs, **kwargs)
-    except Exception as exc:
-        raise EnvError(f"cannot make {num_envs} x {settings.env!r}: {exc!r}") from exc
+    guarded = {"vector_kwargs": {"autoreset_mode": AutoresetMode.NEXT_STEP}, "wrappers": [guard]}
+    has_own = not isinstance(spec, EnvSpec) and (
+        gym.spec(spec.rpartition(":")[2]).vector_entry_point is not None
+    )
+    if vector_mode == "auto" and has_own:
+        envs = _make_vec(settings, spec, num_envs)
+        plain = describe_env(settings)
+        if (envs.single_observation_space == plain.observation_space
+                and envs.single_action_space == plain.action_space):
+            kwargs: dict = {}
+        else:
+            # e.g. ale-py's vector env preprocesses frames (84x84, stacked) while
+            # gymnasium.make gives raw RGB: the learner describes the env with
+            # gymnasium.make, so workers must simulate exactly that.
+            log.info("%s: its own vector env changes the spaces; using sync instead",
+                     settings.env)
+            envs.close()
+            kwargs = {"vectorization_mode": "sync", **guarded}
+    else:
+        kwargs = {"vectorization_mode": "sync" if vector_mode == "auto" else vector_mode,
+                  **guarded}
+    if kwargs:
+        envs = _make_vec(settings, spec, num_envs, **kwargs)
     mode = envs.metadata.get("autoreset_mode")
     if mode is not None and AutoresetMode(mode) is not AutoresetMode.NEXT_STEP:
         envs.close()
         raise EnvError(f"{settings.env}: vector env autoresets in {mode}; hetrl needs NEXT_STEP")
     check_spaces(envs.single_observation_space, envs.single_action_space, settings.env)
     return envs
+
+
+def _make_vec(settings: EnvSettings, spec, num_envs: int, **kwargs) -> gym.vector.VectorEnv:
+    try:
+        return gym.make_vec(spec, num_envs=num_envs, **kwargs)
+    except Exception as exc:
+        raise EnvError(f"cannot make {num_envs} x {settings.env!r}: {exc!r}") from exc

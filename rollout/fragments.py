@@ -1,10 +1,11 @@
 """Fragment <-> wire message, with the checks a receiver must make.
 
-`to_message` turns a collector's `FragmentArrays` into a `WorkerMessage`;
-`from_message` turns one back and checks that every array has the dtype and the
-[T(+1), N, ...] shape the stream's Hello announced, so nothing malformed reaches
-training; `nonfinite_fields` names the arrays holding NaN/Inf. Pure functions: no
-sockets, no torch.
+`serialize` turns a collector's `FragmentArrays` into the bytes of a `WorkerMessage`,
+copying each array once (the sending hot path); `to_message` builds the same message
+the readable way (tests hold the two equal); `from_message` turns one back and checks
+that every array has the dtype and the [T(+1), N, ...] shape the stream's Hello
+announced, so nothing malformed reaches training; `nonfinite_fields` names the arrays
+holding NaN/Inf. Pure functions: no sockets, no torch.
 """
 
 from __future__ import annotations
@@ -36,6 +37,64 @@ class Fragment:
     def steps(self) -> int:
         """Env steps in the fragment, reset steps included (T x N)."""
         return int(self.arrays.rewards.size)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        bits, n = n & 0x7F, n >> 7
+        out.append(bits | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field_header(number: int, size: int) -> bytes:
+    """Tag and length of a length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(size)
+
+
+_FRAGMENT_FIELD = hetrl_pb2.WorkerMessage.DESCRIPTOR.fields_by_name["fragment"].number
+_DATA_FIELD = hetrl_pb2.NDArray.DESCRIPTOR.fields_by_name["data"].number
+_ARRAY_NUMBERS = {name: hetrl_pb2.Fragment.DESCRIPTOR.fields_by_name[name].number
+                  for name in ARRAY_FIELDS}
+
+
+def serialize(
+    arrays: FragmentArrays,
+    worker_id: int,
+    incarnation: str,
+    sequence: int,
+    policy_version: int,
+    wait_seconds: float = 0.0,
+) -> bytes:
+    """The serialized WorkerMessage of a fragment, each array's bytes copied once.
+
+    Building the message through protobuf copies a 16 MiB fragment five times (70 ms,
+    bench/transport.py); here the small fields go through protobuf and each array is
+    written as NDArray{dtype, shape, data} by hand, the data straight from the array's
+    buffer, all joined once (under 1 ms). Protobuf accepts fields in any order, so the
+    result parses into exactly what `to_message` builds.
+    """
+    head = hetrl_pb2.Fragment(
+        worker_id=worker_id, incarnation=incarnation, sequence=sequence,
+        policy_version=policy_version, collect_seconds=arrays.collect_seconds,
+        wait_seconds=wait_seconds, env_faults=arrays.env_faults,
+        episodes_aborted=arrays.episodes_aborted,
+    ).SerializeToString()
+    parts: list[bytes | memoryview] = [head]
+    size = len(head)
+    for name, number in _ARRAY_NUMBERS.items():
+        array = np.ascontiguousarray(getattr(arrays, name))
+        if array.dtype.kind not in "biufc":
+            raise WireFormatError(f"cannot send {name} of dtype {array.dtype}")
+        meta = hetrl_pb2.NDArray(dtype=array.dtype.str, shape=array.shape).SerializeToString()
+        data = memoryview(array).cast("B") if array.nbytes else b""
+        data_head = _field_header(_DATA_FIELD, array.nbytes) if array.nbytes else b""
+        body = len(meta) + len(data_head) + array.nbytes
+        field = _field_header(number, body)
+        parts += [field, meta, data_head, data]
+        size += len(field) + body
+    return b"".join([_field_header(_FRAGMENT_FIELD, size), *parts])
 
 
 def to_message(

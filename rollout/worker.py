@@ -148,7 +148,7 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
             self.health.set(service, status)
 
     # -- gRPC ------------------------------------------------------------------
-    def Stream(self, request_iterator, context) -> Iterator[hetrl_pb2.WorkerMessage]:
+    def Stream(self, request_iterator, context) -> Iterator[bytes]:
         if self.stopped.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "worker is stopping")
         if not self._stream_lock.acquire(blocking=False):
@@ -163,13 +163,13 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
                 self.state = WorkerState.IDLE
             self._stream_lock.release()
 
-    def _serve(self, requests, context) -> Iterator[hetrl_pb2.WorkerMessage]:
+    def _serve(self, requests, context) -> Iterator[bytes]:
         inbox = _Inbox()
         reader = threading.Thread(
             target=_read_requests, args=(requests, inbox), name="learner-reader", daemon=True
         )
         reader.start()
-        yield hetrl_pb2.WorkerMessage(hello=self.hello)
+        yield hetrl_pb2.WorkerMessage(hello=self.hello).SerializeToString()
         while True:
             wait_start = time.perf_counter()
             while not inbox.wait_ready(self.version >= 0, timeout=1.0):
@@ -202,7 +202,7 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
                 self.failure = f"{type(exc).__name__}: {exc}"
                 self._stop(f"error: {self.failure}")
                 context.abort(grpc.StatusCode.INTERNAL, f"worker failed: {self.failure}")
-            message = fragments.to_message(
+            message = fragments.serialize(
                 arrays, self.settings.worker_id, self.hello.incarnation,
                 self.sequence, self.version, waited,
             )
@@ -313,6 +313,19 @@ def _watchdog(worker: RolloutWorker, step_timeout: float) -> None:
             os._exit(EXIT_HUNG)
 
 
+def add_to_server(worker: RolloutWorker, server: grpc.Server) -> None:
+    """Serve `worker` as hetrl.Rollout. Unlike the generated registration, responses go
+    out as the bytes the worker serialized itself (fragments.serialize), not re-encoded."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        worker.Stream,
+        request_deserializer=hetrl_pb2.LearnerMessage.FromString,
+        response_serializer=None,  # the handler yields serialized WorkerMessages
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("hetrl.Rollout", {"Stream": handler}),)
+    )
+
+
 def _write_ready_file(path: str, address: str) -> None:
     target = Path(path)
     tmp = target.with_suffix(target.suffix + ".tmp")
@@ -326,7 +339,7 @@ def run_worker(settings: WorkerSettings) -> int:
     worker = RolloutWorker(settings)
     server, port = create_server(f"{settings.host}:{settings.port}", token,
                                  options=transport_options(settings))
-    hetrl_pb2_grpc.add_RolloutServicer_to_server(worker, server)
+    add_to_server(worker, server)
     health_pb2_grpc.add_HealthServicer_to_server(worker.health, server)
     server.start()
     address = f"{settings.host}:{port}"

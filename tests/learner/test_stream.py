@@ -17,7 +17,7 @@ from rollout.errors import ProtocolError
 from rollout.policy import Policy, action_dtype, policy_arrays
 from rollout.settings import WorkerSettings
 from rollout.transport import auth_metadata, create_channel, create_server
-from rollout.worker import RolloutWorker
+from rollout.worker import RolloutWorker, add_to_server
 
 TOKEN = "test-token"
 
@@ -35,7 +35,7 @@ def served_worker():
     settings = WorkerSettings(env="CartPole-v1", envs_per_worker=3, fragment_length=5)
     worker = RolloutWorker(settings)
     server, port = create_server("127.0.0.1:0", TOKEN)
-    hetrl_pb2_grpc.add_RolloutServicer_to_server(worker, server)
+    add_to_server(worker, server)
     server.start()
     yield worker, f"127.0.0.1:{port}", settings
     worker.request_stop("test over")

@@ -26,7 +26,7 @@ from rollout.transport import (
     create_channel,
     create_server,
 )
-from rollout.worker import RolloutWorker
+from rollout.worker import RolloutWorker, add_to_server
 from tests.helpers import wait_for
 from tests.learner.test_stream import make_spec, weights_message
 
@@ -41,7 +41,7 @@ def small_limit_worker():
     worker = RolloutWorker(settings)
     options = TransportOptions(max_message_bytes=1 << 20)
     server, port = create_server("127.0.0.1:0", TOKEN, options=options)
-    hetrl_pb2_grpc.add_RolloutServicer_to_server(worker, server)
+    add_to_server(worker, server)
     health_pb2_grpc.add_HealthServicer_to_server(worker.health, server)
     server.start()
     yield worker, f"127.0.0.1:{port}", settings, options

@@ -18,7 +18,7 @@ from learner.connections import WorkerStream
 from protos import hetrl_pb2_grpc
 from rollout.settings import WorkerSettings
 from rollout.transport import auth_metadata, create_server
-from rollout.worker import RolloutWorker
+from rollout.worker import RolloutWorker, add_to_server
 from tests.learner.test_stream import make_spec, weights_message
 
 x509 = pytest.importorskip("cryptography.x509")
@@ -72,7 +72,7 @@ def test_tls_streams_and_refuses_plaintext(tmp_path: Path, monkeypatch, client_a
     settings = WorkerSettings(env="CartPole-v1", envs_per_worker=2, fragment_length=4)
     worker = RolloutWorker(settings)
     server, port = create_server("127.0.0.1:0", TOKEN)
-    hetrl_pb2_grpc.add_RolloutServicer_to_server(worker, server)
+    add_to_server(worker, server)
     server.start()
     address = f"127.0.0.1:{port}"
     try:

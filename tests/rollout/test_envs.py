@@ -60,3 +60,13 @@ def test_bad_env_import() -> None:
 def test_empty_env_refused() -> None:
     with pytest.raises(ConfigError, match="--env"):
         EnvSettings(env=" ")
+
+
+def test_atari_workers_simulate_what_the_learner_describes() -> None:
+    # ale-py's own vector env preprocesses frames; workers must not use it silently.
+    settings = EnvSettings(env="ALE/Pong-v5", env_import=("ale_py",))
+    envs = make_vector_env(settings, 2)
+    try:
+        assert envs.single_observation_space == describe_env(settings).observation_space
+    finally:
+        envs.close()

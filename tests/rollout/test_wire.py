@@ -114,3 +114,27 @@ def test_random_bytes_never_crash_the_decoder(raw: bytes) -> None:
         wire.decode(message)
     except WireFormatError:
         pass
+
+
+def test_fragment_serialize_equals_the_protobuf_message() -> None:
+    from rollout.collector import FragmentArrays
+    from rollout.fragments import serialize, to_message
+
+    rng = np.random.default_rng(3)
+    t_len, n = 5, 3
+    arrays = FragmentArrays(
+        observations=rng.integers(0, 255, (t_len + 1, n, 4, 84, 84), dtype=np.uint8),
+        actions=rng.integers(0, 6, (t_len, n)),
+        rewards=rng.normal(size=(t_len, n)).astype(np.float32),
+        terminated=rng.random((t_len, n)) < 0.1,
+        truncated=np.zeros((t_len, n), bool),
+        logprobs=rng.normal(size=(t_len, n)).astype(np.float32),
+        valid=np.ones((t_len, n), bool),
+        episode_returns=np.zeros(0, np.float32),  # empty arrays too
+        episode_lengths=np.zeros(0, np.int64),
+        collect_seconds=0.25,
+    )
+    raw = serialize(arrays, 7, "abc", 11, 3, wait_seconds=0.5)
+    expected = to_message(arrays, 7, "abc", 11, 3, wait_seconds=0.5)
+    assert hetrl_pb2.WorkerMessage.FromString(raw) == expected
+    assert len(raw) == expected.ByteSize()

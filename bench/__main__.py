@@ -1,0 +1,87 @@
+"""`python -m bench [--quick] [--only NAME ...]`: run hetrl's benchmarks one after another.
+
+Each benchmark runs as its own process (`python -m bench.NAME`), so CPU pinning and
+torch thread settings of one cannot leak into the next, and one that fails does not
+stop the others. Afterwards the headline figures of every result file are collected
+in bench/results/summary.json (small; the one results file kept in git; a --quick run
+writes quick-summary.json, which git ignores) and printed.
+Exit status: non-zero if any benchmark failed to run (a missed target is reported,
+not treated as a failure: the figures are what matter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+
+import tyro
+
+from bench import common
+
+BENCHES = ("learner_throughput", "transport", "overhead", "pipelining", "scaling", "solve")
+
+
+@dataclasses.dataclass
+class Settings:
+    """Run every benchmark (or --only some) and summarize them."""
+
+    quick: bool = False
+    """Pass --quick to each: a smoke run of the whole suite in a few minutes."""
+    only: tuple[str, ...] = ()
+    """Run only these (names from bench/: learner_throughput, transport, overhead, ...)."""
+    summarize_only: bool = False
+    """Run nothing; rebuild the summary from the result files already there."""
+
+
+def _headline(name: str, results: dict) -> dict:
+    """The figures worth one line each, from a benchmark's JSON results."""
+    r = results["results"]
+    if name == "overhead":
+        return {row["env"]: {"ratio": row["ratio"], "target": r["targets"].get(row["env"])}
+                for row in r["headline"]}
+    if name == "transport":
+        return {f"{row['size_kib']} KiB {name}/raw": row[f"{name} / raw"]
+                for row in r["sizes"] for name in ("hetrl", "pb-objects")}
+    if name == "learner_throughput":
+        return {f"{row['model']} ({row['torch_threads']} thr)": row["samples_per_s"]
+                for row in r}
+    if name == "solve":
+        return r["summary"]
+    if isinstance(r, dict) and "summary" in r:
+        return r["summary"]
+    return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = tyro.cli(Settings, args=argv, description=__doc__)
+    names = [n for n in BENCHES if (not s.only or n in s.only)
+             and (common.RESULTS.parent / f"{n}.py").exists()]
+    status, summary = {}, {}
+    for name in names:
+        code = 0
+        if not s.summarize_only:
+            print(f"\n===== bench.{name} =====", flush=True)
+            start = time.perf_counter()
+            code = subprocess.call([sys.executable, "-m", f"bench.{name}",
+                                    *(["--quick"] if s.quick else [])], cwd=common.ROOT)
+            status[name] = {"exit_code": code, "seconds": round(time.perf_counter() - start, 1)}
+        path = common.RESULTS / f"{common.stem(name, s)}.json"
+        if code == 0 and path.exists():
+            summary[name] = _headline(name, json.loads(path.read_text()))
+    # Only summary*.json is kept in git; a smoke run's summary is not.
+    out = common.RESULTS / ("quick-summary.json" if s.quick else "summary.json")
+    out.write_text(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               "machine": common.machine_info(), "status": status,
+                               "headline": summary}, indent=2, default=str))
+    if status:
+        common.print_table("bench suite", ["benchmark", "exit", "seconds"],
+                           [[n, v["exit_code"], v["seconds"]] for n, v in status.items()])
+    print(f"wrote {out.relative_to(common.ROOT)}")
+    return 1 if any(v["exit_code"] for v in status.values()) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
