@@ -158,28 +158,46 @@ def build_trees(settings: EmulateSettings, root: Path) -> tuple[str, list[str], 
 
 @dataclasses.dataclass
 class EmulatedCluster:
-    """Started host processes of one emulated job."""
+    """One emulated job: its trees, and the host processes started so far."""
 
     root: Path
     learner: str
     env_hosts: list[str]
     hosts: dict[str, Child]
+    environment: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Environment every host starts with: the job's token and the host map."""
+    learner_log: Path | None = None
+    """Where the learner host's output goes; None: this process's terminal."""
 
 
-def start_hosts(settings: EmulateSettings) -> EmulatedCluster:
-    """Write the trees and start every host's entry point (env hosts first)."""
+def prepare_hosts(settings: EmulateSettings, learner_log: Path | None = None) -> EmulatedCluster:
+    """Write every host's tree and the job's environment; start nothing."""
     root = Path(settings.out).resolve()
     learner, env_hosts, host_map = build_trees(settings, root)
-    base_env = child_environment(new_token())
-    base_env[HOST_MAP_ENV] = ",".join(f"{h}={a}" for h, a in host_map.items())
-    cluster = EmulatedCluster(root, learner, env_hosts, {})
-    for host in [*env_hosts, learner]:
-        env = dict(base_env, SAGEMAKER_BASE_DIR=str(root / "hosts" / host))
-        # The learner host's log is the run's progress: show it; env hosts log to files.
-        log_path = None if host == learner else root / "hosts" / host / "host.log"
-        cluster.hosts[host] = spawn_command(
-            host, [sys.executable, "-m", "launch.host"], env, log_path
-        )
+    environment = child_environment(new_token())
+    environment[HOST_MAP_ENV] = ",".join(f"{h}={a}" for h, a in host_map.items())
+    return EmulatedCluster(root, learner, env_hosts, {}, environment, learner_log)
+
+
+def start_host(cluster: EmulatedCluster, host: str, wrapper: tuple[str, ...] = ()) -> Child:
+    """Start one host's entry point on its tree, as SageMaker starts it (or starts it
+    again, as a replaced instance would: same tree, same token, same address).
+    `wrapper` is a command that runs the entry point (e.g. `ip netns exec NS`)."""
+    env = dict(cluster.environment, SAGEMAKER_BASE_DIR=str(cluster.root / "hosts" / host))
+    # The learner host's log is the run's progress: show it; env hosts log to files.
+    log_path = cluster.learner_log if host == cluster.learner else (
+        cluster.root / "hosts" / host / "host.log")
+    command = [*wrapper, sys.executable, "-m", "launch.host"]
+    child = spawn_command(host, command, env, log_path)
+    cluster.hosts[host] = child
+    return child
+
+
+def start_hosts(settings: EmulateSettings, learner_log: Path | None = None) -> EmulatedCluster:
+    """Write the trees and start every host's entry point (env hosts first)."""
+    cluster = prepare_hosts(settings, learner_log)
+    for host in [*cluster.env_hosts, cluster.learner]:
+        start_host(cluster, host)
     return cluster
 
 
