@@ -213,9 +213,8 @@ class WorkerStream:
         deadline = time.monotonic() + self._connect_timeout
         while not self._stopping.is_set():
             try:
-                grpc.channel_ready_future(self._channel).result(
-                    timeout=max(0.1, deadline - time.monotonic())
-                )
+                if not self._wait_ready(deadline):
+                    return  # stopped while waiting
                 self._stream(stub)
                 return
             except grpc.FutureTimeoutError as exc:
@@ -241,6 +240,24 @@ class WorkerStream:
                         f"stream to worker {self.address} failed: {detail}"
                     ) from exc
                 time.sleep(0.5)
+
+    def _wait_ready(self, deadline: float) -> bool:
+        """Wait until the channel connects or `deadline` passes (FutureTimeoutError), in
+        short slices so that a stop is never held up by a worker that is gone; False if
+        the stream is being stopped."""
+        assert self._channel is not None
+        ready = grpc.channel_ready_future(self._channel)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    ready.result(timeout=min(0.5, max(0.1, deadline - time.monotonic())))
+                    return True
+                except grpc.FutureTimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise
+            return False
+        finally:
+            ready.cancel()
 
     def _stream(self, stub: hetrl_pb2_grpc.RolloutStub) -> None:
         self.generation += 1
