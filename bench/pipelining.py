@@ -1,7 +1,8 @@
 """Benchmark 3, pipelining on one machine: training env steps/s, serial vs hetrl.
 
 (a) serial, CleanRL-style: one process, one torch thread, the same `Collector` (N envs,
-    T steps) and the same `ppo_update` with default `TrainSettings`, alternating
+    T steps) and the same `ppo_update` (default `TrainSettings`, or --epochs and
+    --minibatches on both sides), alternating
     "collect fragments_per_batch fragments" and "train on them".
 (b) hetrl with one worker: the real `python -m rollout.worker` pinned to one core and
     the real `python -m learner.learner` pinned to the other, over loopback gRPC, so
@@ -53,13 +54,17 @@ class Settings:
     """split: worker and learner pinned to separate cores; shared: unpinned (hetrl local)."""
     seed: int = 1
     """Seed of both."""
+    epochs: int = TrainSettings.epochs
+    """PPO epochs per batch, the same on both sides (CleanRL's MuJoCo setting is 10)."""
+    minibatches: int = TrainSettings.minibatches
+    """Minibatches per epoch, the same on both sides (CleanRL's MuJoCo setting is 32)."""
     quick: bool = False
     """One short pair."""
 
 
 def serial(s: Settings) -> dict:
     """(a): collect and train in turn in this process."""
-    cfg = TrainSettings(total_steps=s.total_steps)
+    cfg = TrainSettings(total_steps=s.total_steps, epochs=s.epochs, minibatches=s.minibatches)
     settings = WorkerSettings(env=s.env, envs_per_worker=s.envs_per_worker,
                               fragment_length=s.fragment_length, seed=s.seed)
     torch.set_num_threads(1)
@@ -107,6 +112,7 @@ def pipelined(s: Settings, run: int) -> dict:
     worker, address = harness.start_worker(wsettings, worker_cpus, token,
                                            f"pipelining-worker-{run}")
     lsettings = LearnerSettings(env=s.env, seed=s.seed, total_steps=s.total_steps,
+                                epochs=s.epochs, minibatches=s.minibatches,
                                 worker_addresses=(address,), out=str(out), progress=False)
     (out / "learner.json").write_text(to_json(lsettings))
     learner = harness.spawn(["-m", "learner.learner", str(out / "learner.json")],
@@ -167,7 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     common.print_table(
         f"Pipelining on {s.env} ({s.envs_per_worker} envs x {s.fragment_length} steps, "
-        f"default TrainSettings, {s.total_steps:,} steps, placement {s.placement}; "
+        f"{s.epochs} epochs x {s.minibatches} minibatches, {s.total_steps:,} steps, "
+        f"placement {s.placement}; "
         f"median [min-max] of {s.repeats})",
         ["figure", "value"],
         [["(a) serial collect/train, steps/s", common.fmt(summary["serial_steps_per_s"])],

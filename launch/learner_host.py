@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,8 @@ class EnvHosts:
         self._stop_heartbeats = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self.load: dict[str, hetrl_pb2.HeartbeatReply] = {}  # newest reply per host
+        self.silent_since: dict[str, float] = {}  # first failed heartbeat since the last answer
+        self._interval = max(0.2, min(5.0, settings.loss_timeout / 4))
 
     def _stub(self, host: str) -> hetrl_pb2_grpc.HostControlStub:
         if host not in self.stubs:
@@ -87,7 +90,7 @@ class EnvHosts:
             delay = min(delay * 2, 5.0)
 
     def start_heartbeats(self) -> None:
-        interval = max(0.2, min(5.0, self.settings.loss_timeout / 4))
+        interval = self._interval
 
         def beat() -> None:
             while not self._stop_heartbeats.wait(interval):
@@ -97,7 +100,9 @@ class EnvHosts:
                             hetrl_pb2.HeartbeatRequest(learner="learner"),
                             metadata=self.metadata, timeout=min(RPC_DEADLINE, interval),
                         )
+                        self.silent_since.pop(host, None)
                     except (grpc.RpcError, HetrlError) as exc:
+                        self.silent_since.setdefault(host, time.monotonic())
                         log.warning("heartbeat to %s failed: %s", host, exc)
 
         self._heartbeat_thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
@@ -114,6 +119,18 @@ class EnvHosts:
             out["utilisation/env_hosts_cpu_percent"] = sum(cpus) / len(cpus)
         return out
 
+    def _gone(self, host: str) -> bool:
+        """True when the host answers but refuses connections to its control port: the
+        env host process has exited (an unreachable host times out instead)."""
+        try:
+            address = resolve(host, 1.0)
+            with socket.create_connection((address, self.settings.control_port), timeout=1.0):
+                return False
+        except ConnectionRefusedError:
+            return True
+        except (OSError, HetrlError):
+            return False
+
     def stop_all(self, reason: str, budget: float) -> list[str]:
         """Stop every env host, retrying with backoff within `budget` s; return the
         hosts that never confirmed."""
@@ -122,6 +139,7 @@ class EnvHosts:
 
         def stop(host: str) -> str | None:
             delay = 0.2
+            silent = time.monotonic() - self.silent_since.get(host, time.monotonic())
             while time.monotonic() < deadline:
                 try:
                     self._stub(host).Stop(
@@ -130,6 +148,16 @@ class EnvHosts:
                     )
                     return None
                 except (grpc.RpcError, HetrlError) as exc:
+                    if self._gone(host):
+                        log.info("env host %s is gone (nothing listens on its control "
+                                 "port): it stopped already", host)
+                        return None
+                    if silent > 3 * self._interval:
+                        # Unanswered heartbeats for a while: most likely unreachable; its
+                        # own dead-man's switch ends it.
+                        log.warning("env host %s has not answered for %.0f s; not retrying "
+                                    "its stop (%s)", host, silent, exc)
+                        return host
                     log.warning("stop of %s failed (%s); retrying", host, exc)
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, 5.0)

@@ -34,6 +34,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import torch
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from protos import hetrl_pb2, hetrl_pb2_grpc
@@ -83,6 +84,7 @@ class _Inbox:
         self.credits = 0
         self.weights: hetrl_pb2.Weights | None = None
         self.stop_reason: str | None = None
+        self.malformed: str | None = None  # a request that did not parse
         self.closed = False
 
     def wait_ready(self, have_weights: bool, timeout: float) -> bool:
@@ -90,6 +92,7 @@ class _Inbox:
         with self.cond:
             return self.cond.wait_for(
                 lambda: self.closed
+                or self.malformed is not None
                 or self.stop_reason is not None
                 or (self.credits > 0 and (have_weights or self.weights is not None)),
                 timeout,
@@ -177,12 +180,20 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
                     return
             waited = time.perf_counter() - wait_start
             with inbox.cond:
-                if inbox.stop_reason is not None:
+                malformed = inbox.malformed
+                if malformed is None and inbox.stop_reason is not None:
                     self._stop(f"learner: {inbox.stop_reason}")
                     return
-                if inbox.closed:
+                if malformed is None and inbox.closed:
                     return
                 inbox.credits -= 1
+            if malformed is not None:
+                self.messages_malformed += 1
+                log.error("a request from the learner does not parse; stream refused: %s",
+                          malformed)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"malformed LearnerMessage: {malformed}"[:2000])
+            with inbox.cond:
                 weights, inbox.weights = inbox.weights, None
             if weights is not None and not self._load_weights(weights, context):
                 if self.version < 0:  # nothing usable to sample with yet: wait for more
@@ -263,9 +274,19 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
 
 
 def _read_requests(requests, inbox: _Inbox) -> None:
-    """Drain the learner's messages into the inbox until the stream ends."""
+    """Parse and drain the learner's messages into the inbox until the stream ends.
+
+    Requests arrive as bytes (see add_to_server) so that one that does not parse is
+    answered INVALID_ARGUMENT by the serving loop, not INTERNAL by gRPC."""
     try:
-        for message in requests:
+        for raw in requests:
+            try:
+                message = hetrl_pb2.LearnerMessage.FromString(raw)
+            except DecodeError as exc:
+                with inbox.cond:
+                    inbox.malformed = str(exc) or "undecodable bytes"
+                    inbox.cond.notify_all()
+                return
             kind = message.WhichOneof("kind")
             with inbox.cond:
                 if kind == "weights":
@@ -315,10 +336,11 @@ def _watchdog(worker: RolloutWorker, step_timeout: float) -> None:
 
 def add_to_server(worker: RolloutWorker, server: grpc.Server) -> None:
     """Serve `worker` as hetrl.Rollout. Unlike the generated registration, responses go
-    out as the bytes the worker serialized itself (fragments.serialize), not re-encoded."""
+    out as the bytes the worker serialized itself (fragments.serialize), not re-encoded,
+    and requests come in as bytes that the worker parses itself."""
     handler = grpc.stream_stream_rpc_method_handler(
         worker.Stream,
-        request_deserializer=hetrl_pb2.LearnerMessage.FromString,
+        request_deserializer=None,  # parsed by _read_requests, which refuses bad bytes
         response_serializer=None,  # the handler yields serialized WorkerMessages
     )
     server.add_generic_rpc_handlers(

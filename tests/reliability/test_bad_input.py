@@ -128,6 +128,22 @@ def test_malformed_weights_get_invalid_argument_and_are_counted(
     good_stream_works(worker, address, settings, options)
 
 
+@pytest.mark.parametrize("raw", [b"\xff\xff\xff\xff", b"\x0a\xff\x01", bytes(range(256))])
+def test_bytes_that_do_not_parse_get_invalid_argument(small_limit_worker, raw: bytes) -> None:
+    worker, address, settings, options = small_limit_worker
+    channel = grpc.insecure_channel(address)
+    stream = channel.stream_stream("/hetrl.Rollout/Stream", request_serializer=None,
+                                   response_deserializer=None)
+    responses = stream(held_open([raw]), metadata=auth_metadata(TOKEN), timeout=10)
+    with pytest.raises(grpc.RpcError) as info:
+        for message in responses:  # the Hello comes first, then the refusal
+            assert hetrl_pb2.WorkerMessage.FromString(message).WhichOneof("kind") == "hello"
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert worker.messages_malformed == 1
+    wait_for(lambda: worker.state.value == "idle", 10, "the worker to be free again")
+    good_stream_works(worker, address, settings, options)
+
+
 def test_nonfinite_weights_are_dropped_and_counted(small_limit_worker) -> None:
     worker, address, settings, options = small_limit_worker
     weights = weights_message(worker, settings, 5)
