@@ -90,7 +90,9 @@ def run(quick: bool = False) -> list[dict]:
             [decoded, other], axis=1), None),
         (side_l, "torch.from_numpy(...).to('cpu')", lambda: torch.from_numpy(batch).to("cpu"),
          0.0 if np.shares_memory(tensor.numpy(), batch) else None),
-        (side_l, "ppo_update: valid steps (index positions, or a view if all valid)",
+        (side_l, "ppo_update: valid steps (all valid here: a view)",
+         lambda: flat[slice(None) if bool(mask.all()) else mask.nonzero().squeeze(1)], None),
+        (side_l, "ppo_update: valid steps when some are not (index positions)",
          lambda: flat[mask.nonzero().squeeze(1)], None),
     ]
     rows, out = [], []

@@ -54,10 +54,11 @@ class Settings:
     """split: worker and learner pinned to separate cores; shared: unpinned (hetrl local)."""
     seed: int = 1
     """Seed of both."""
-    epochs: int = TrainSettings.epochs
-    """PPO epochs per batch, the same on both sides (CleanRL's MuJoCo setting is 10)."""
-    minibatches: int = TrainSettings.minibatches
-    """Minibatches per epoch, the same on both sides (CleanRL's MuJoCo setting is 32)."""
+    epochs: int = 10
+    """PPO epochs per batch, the same on both sides (CleanRL's MuJoCo setting; hetrl's
+    CartPole default of 4 trains so little that pipelining cannot gain much)."""
+    minibatches: int = 32
+    """Minibatches per epoch, the same on both sides (CleanRL's MuJoCo setting)."""
     quick: bool = False
     """One short pair."""
 
