@@ -59,6 +59,19 @@ _ARRAY_NUMBERS = {name: hetrl_pb2.Fragment.DESCRIPTOR.fields_by_name[name].numbe
                   for name in ARRAY_FIELDS}
 
 
+def _scalars(
+    arrays: FragmentArrays, worker_id: int, incarnation: str, sequence: int,
+    policy_version: int, wait_seconds: float,
+) -> dict:
+    """The Fragment's non-array fields, named once for both encoders."""
+    return dict(
+        worker_id=worker_id, incarnation=incarnation, sequence=sequence,
+        policy_version=policy_version, collect_seconds=arrays.collect_seconds,
+        wait_seconds=wait_seconds, env_faults=arrays.env_faults,
+        episodes_aborted=arrays.episodes_aborted,
+    )
+
+
 def serialize(
     arrays: FragmentArrays,
     worker_id: int,
@@ -75,12 +88,9 @@ def serialize(
     buffer, all joined once (under 1 ms). Protobuf accepts fields in any order, so the
     result parses into exactly what `to_message` builds.
     """
-    head = hetrl_pb2.Fragment(
-        worker_id=worker_id, incarnation=incarnation, sequence=sequence,
-        policy_version=policy_version, collect_seconds=arrays.collect_seconds,
-        wait_seconds=wait_seconds, env_faults=arrays.env_faults,
-        episodes_aborted=arrays.episodes_aborted,
-    ).SerializeToString()
+    head = hetrl_pb2.Fragment(**_scalars(
+        arrays, worker_id, incarnation, sequence, policy_version, wait_seconds
+    )).SerializeToString()
     parts: list[bytes | memoryview] = [head]
     size = len(head)
     for name, number in _ARRAY_NUMBERS.items():
@@ -107,19 +117,8 @@ def to_message(
 ) -> hetrl_pb2.WorkerMessage:
     """Encode a fragment for the wire."""
     fields = {name: wire.encode(getattr(arrays, name)) for name in ARRAY_FIELDS}
-    return hetrl_pb2.WorkerMessage(
-        fragment=hetrl_pb2.Fragment(
-            worker_id=worker_id,
-            incarnation=incarnation,
-            sequence=sequence,
-            policy_version=policy_version,
-            collect_seconds=arrays.collect_seconds,
-            wait_seconds=wait_seconds,
-            env_faults=arrays.env_faults,
-            episodes_aborted=arrays.episodes_aborted,
-            **fields,
-        )
-    )
+    scalars = _scalars(arrays, worker_id, incarnation, sequence, policy_version, wait_seconds)
+    return hetrl_pb2.WorkerMessage(fragment=hetrl_pb2.Fragment(**scalars, **fields))
 
 
 def from_message(
