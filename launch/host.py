@@ -16,6 +16,7 @@ import sys
 from launch.cluster import ClusterView, read_cluster, settings_overrides
 from launch.settings import ClusterSettings, LocalSettings
 from rollout.errors import ConfigError, HetrlError
+from rollout.lifetime import die_with_parent
 from rollout.settings import pick
 from rollout.transport import token_from_env
 
@@ -75,6 +76,7 @@ def _run_homogeneous(settings: ClusterSettings, cluster: ClusterView) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # first: no host process outlives whoever started it
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     argv = sys.argv[1:] if argv is None else argv

@@ -2,7 +2,8 @@
 
 Children are plain `python -m <module> SETTINGS_JSON` processes (settings as JSON, never
 pickle), with the shared token in their environment, their logs in files, and
-PR_SET_PDEATHSIG so the kernel stops them if the launcher dies without cleaning up.
+PR_SET_PDEATHSIG (set by each child itself, rollout.lifetime) so the kernel stops them
+if the launcher dies without cleaning up.
 `stop_all` sends SIGTERM, waits a bounded grace, then SIGKILLs what is left.
 `restartable` is the one rule both supervisors (local launcher, env host) apply to a
 worker that exited: restart it, at most MAX_WORKER_RESTARTS times, unless it exited
@@ -11,7 +12,6 @@ cleanly or reported an env that keeps failing.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 
 from rollout.errors import ChildFailedError
+from rollout.lifetime import PARENT_ENV
 from rollout.settings import to_json
-
-_PR_SET_PDEATHSIG = 1
 
 # Worker restarts a supervisor allows per run (crashes, kills, hangs) before giving up.
 MAX_WORKER_RESTARTS = 3
@@ -36,12 +35,6 @@ def restartable(code: int | None) -> bool:
     """Whether a supervisor should restart a worker that exited with `code`: not while
     it runs, not after a clean exit (0), not when its env keeps failing (unhealthy)."""
     return code not in (None, 0, WORKER_EXIT_UNHEALTHY)
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclasses.dataclass
@@ -94,11 +87,10 @@ def spawn_command(
         stdout = log_path.open("ab")
     process = subprocess.Popen(
         command,
-        env=env,
+        env=dict(env, **{PARENT_ENV: str(os.getpid())}),  # see rollout.lifetime
         stdin=subprocess.DEVNULL,
         stdout=stdout,
         stderr=subprocess.STDOUT if stdout else None,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - single-threaded launcher
     )
     if stdout is not None:
         stdout.close()

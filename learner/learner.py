@@ -41,6 +41,7 @@ from rollout import wire
 from rollout.envs import describe_env
 from rollout.errors import HetrlError, NonFiniteError, ProtocolError, WorkerLostError
 from rollout.fragments import Fragment
+from rollout.lifetime import die_with_parent
 from rollout.policy import Policy, action_dtype, load_policy_arrays, policy_arrays
 from rollout.settings import to_json
 from rollout.transport import token_from_env, transport_options
@@ -384,6 +385,7 @@ def run_learner(settings: LearnerSettings, token: str | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m learner.learner SETTINGS_JSON`: the launcher's way to start a learner."""
+    die_with_parent()  # first: no child outlives its launcher
     import sys
 
     from rollout.settings import from_json

@@ -48,6 +48,7 @@ from rollout.errors import (
     NonFiniteError,
     WireFormatError,
 )
+from rollout.lifetime import die_with_parent
 from rollout.policy import Policy, load_policy_arrays
 from rollout.settings import WorkerSettings
 from rollout.transport import (
@@ -404,6 +405,7 @@ def run_worker(settings: WorkerSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m rollout.worker SETTINGS_JSON`: the launcher's way to start a worker."""
+    die_with_parent()  # first: no child outlives its launcher
     from rollout.settings import from_json
 
     argv = sys.argv[1:] if argv is None else argv

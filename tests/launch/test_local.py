@@ -143,3 +143,16 @@ def test_model_output_is_usable(tmp_path: Path) -> None:
     assert result.ok
     arrays = load_file(str(result.model_path))
     assert "log_std" in arrays and np.all(np.isfinite(arrays["log_std"]))
+
+
+def test_children_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
+    # No cleanup code runs in a SIGKILLed launcher: the kernel's parent-death signal,
+    # which every child asks for at start (rollout.lifetime), must end them.
+    out = tmp_path / "orphans"
+    proc = _start_long_run(out)
+    children = processes_mentioning(str(out))
+    assert len(children) >= 3
+    proc.kill()
+    proc.wait(10)
+    wait_for(lambda: processes_mentioning(str(out)) == [], timeout=60,
+             what="every child of the killed launcher to exit")
