@@ -42,15 +42,15 @@ class MetricsWriter:
             self._tb.add_scalar(key, value, step)
         self._jsonl.write(json.dumps(record) + "\n")
 
-    def progress(self, line: str, force: bool = False) -> None:
+    def progress(self, line: str) -> None:
         """Rewrite the progress line on a terminal, print it every few seconds otherwise."""
         if not self._progress:
             return
         now = time.monotonic()
-        if not force and now - self._last_progress < self._progress_every:
+        if now - self._last_progress < self._progress_every:
             return
         self._last_progress = now
-        end = "\r" if self._tty and not force else "\n"
+        end = "\r" if self._tty else "\n"
         sys.stderr.write(line.ljust(100 if self._tty else 0) + end)
         sys.stderr.flush()
 
