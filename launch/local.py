@@ -3,11 +3,12 @@
 The launcher checks the settings and the env before spawning anything, starts the
 workers (each binds a free loopback port and reports it in a ready file), starts the
 learner with their addresses, and supervises: the run succeeds when the learner exits
-0 and every worker then exits 0. A worker that crashes, is killed or hangs is restarted
-on its port (at most MAX_WORKER_RESTARTS times in the run) and the learner's stream
-reconnects to it; a worker whose env keeps failing (exit code unhealthy), a failing
-learner, Ctrl-C or SIGTERM stop every child (SIGTERM, then SIGKILL after a grace) and
-the launcher exits non-zero.
+0 (its outputs are then complete); workers still running after it are stopped. A worker
+that crashes, is killed or hangs during training is restarted on its port (at most
+MAX_WORKER_RESTARTS times in the run) and the learner's stream reconnects to it; none is
+restarted once the learner has begun to stop; a worker whose env keeps failing (exit
+code unhealthy), a failing learner, Ctrl-C or SIGTERM stop every child (SIGTERM, then
+SIGKILL after a grace) and the launcher exits non-zero.
 """
 
 from __future__ import annotations
@@ -145,7 +146,10 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
             addresses.append(
                 wait_ready_file(child, run_dir / f"worker-{i}.ready", settings.startup_timeout)
             )
-        learner_settings = pick(LearnerSettings, settings, worker_addresses=tuple(addresses))
+        finishing = run_dir / "learner.finishing"
+        finishing.unlink(missing_ok=True)
+        learner_settings = pick(LearnerSettings, settings, worker_addresses=tuple(addresses),
+                                finishing_file=str(finishing))
         learner = spawn("learner", "learner.learner", learner_settings, run_dir, env,
                         log_to_file=False)
         children.append(learner)
@@ -156,7 +160,7 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
                           ready_file="")
             return spawn(f"worker-{i}", "rollout.worker", worker, run_dir, env)
 
-        return _watch(children, learner, settings, restart)
+        return _watch(children, learner, settings, restart, finishing)
     except _Interrupted as exc:
         print(f"\nhetrl: {exc} received; stopping all processes", file=sys.stderr)
         stop_all(children, settings.shutdown_grace)
@@ -176,8 +180,13 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
                 signal.signal(s, handler)
 
 
-def _watch(children: list[Child], learner: Child, settings: LocalSettings, restart) -> int:
-    """Wait for the learner, restarting crashed workers in `children` in place."""
+def _watch(children: list[Child], learner: Child, settings: LocalSettings, restart,
+           finishing: Path) -> int:
+    """Wait for the learner, restarting crashed workers in `children` in place.
+
+    Once the learner has begun to stop (it creates `finishing` first) or has exited,
+    nothing is restarted: a worker born then would wait for a learner that never comes.
+    """
     workers = [i for i, c in enumerate(children) if c is not learner]
     restarts = 0
     while True:
@@ -185,14 +194,7 @@ def _watch(children: list[Child], learner: Child, settings: LocalSettings, resta
         if code is not None:
             if code != 0:
                 raise ChildFailedError(f"the learner exited with code {code}; see its output above")
-            if not wait_all([children[i] for i in workers], settings.shutdown_grace):
-                raise ChildFailedError("workers did not exit after the learner stopped them")
-            failed = [children[i] for i in workers if children[i].exit_code() != 0]
-            if failed:
-                raise ChildFailedError(
-                    f"{failed[0].name} exited with code {failed[0].exit_code()}:\n"
-                    f"{failed[0].log_tail()}"
-                )
+            _end_workers([children[i] for i in workers], settings.shutdown_grace)
             return EXIT_OK
         for i in workers:
             # Exit 0 is a worker the learner (or an operator) stopped; the learner
@@ -207,6 +209,8 @@ def _watch(children: list[Child], learner: Child, settings: LocalSettings, resta
                 )
             if not restartable(code):
                 continue
+            if finishing.exists() or learner.exit_code() is not None:
+                break  # training is over: the learner's exit is handled at the top
             restarts += 1
             if restarts > MAX_WORKER_RESTARTS:
                 raise ChildFailedError(
@@ -217,6 +221,28 @@ def _watch(children: list[Child], learner: Child, settings: LocalSettings, resta
                   f"({restarts}/{MAX_WORKER_RESTARTS})", file=sys.stderr)
             children[i] = restart(i)
         time.sleep(0.1)
+
+
+# After the learner's Stop, a healthy worker exits within its server's 2 s grace.
+_STOPPED_WORKER_EXIT = 5.0
+
+
+def _end_workers(workers: list[Child], grace: float) -> None:
+    """The learner finished: the run's outputs are complete. Workers it stopped exit by
+    themselves; any still running then (one that crashed or hung near the end and never
+    heard the Stop) gets SIGTERM, then SIGKILL after `grace`. A worker's exit after the
+    learner's success is reported, never a failure of the run."""
+    wait_all(workers, min(grace, _STOPPED_WORKER_EXIT))
+    late = [w for w in workers if w.exit_code() is None]
+    if late:
+        print(f"hetrl: {', '.join(w.name for w in late)} still running after the learner "
+              "finished; stopping them", file=sys.stderr)
+        stop_all(late, grace)
+    for worker in workers:
+        code = worker.exit_code()
+        if code not in (0, None) and worker not in late:
+            print(f"hetrl: note: {worker.name} exited with code {code} as training ended "
+                  "(the model and metrics are complete)", file=sys.stderr)
 
 
 def _is_main_thread() -> bool:

@@ -173,6 +173,8 @@ class Learner:
             outcome, code = f"failed: {exc}", EXIT_ERROR
             log.error("%s", exc)
         finally:
+            if s.finishing_file:
+                Path(s.finishing_file).touch()
             self._stop_workers(outcome)
             self._save(outcome, metrics)
             metrics.close()

@@ -112,6 +112,9 @@ class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSett
 
     worker_addresses: tuple[str, ...] = ()
     """host:port of every rollout worker."""
+    finishing_file: str = ""
+    """If set, the learner creates this file as it stops training (before it stops its
+    workers), so a supervisor restarts no worker from then on."""
     connect_timeout: float = 120.0
     """Seconds to keep retrying a worker that is not reachable yet (names resolving late,
     workers starting) before giving up on it."""

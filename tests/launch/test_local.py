@@ -156,3 +156,35 @@ def test_children_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
     proc.wait(10)
     wait_for(lambda: processes_mentioning(str(out)) == [], timeout=60,
              what="every child of the killed launcher to exit")
+
+
+def test_no_worker_is_restarted_once_the_learner_is_finishing(tmp_path: Path) -> None:
+    """The end-of-run race: a worker that dies as the learner finishes is not restarted,
+    a worker that never heard the learner's Stop is stopped, and the run exits 0."""
+    import os
+    import sys
+    import time
+
+    from launch.local import _watch
+    from launch.processes import spawn_command
+    from launch.settings import LocalSettings
+
+    finishing = tmp_path / "learner.finishing"
+
+    def python(name: str, code: str):
+        return spawn_command(name, [sys.executable, "-c", code], dict(os.environ), None)
+
+    learner = python("learner", f"import pathlib, time; pathlib.Path({str(finishing)!r}).touch()"
+                                "; time.sleep(1.0)")
+    # Exits with the watchdog's code (5) once the learner is finishing, as a hung env would.
+    dying = python("worker-0", f"import os, time\nwhile not os.path.exists({str(finishing)!r}):"
+                               " time.sleep(0.01)\nraise SystemExit(5)")
+    deaf = python("worker-1", "import time; time.sleep(600)")  # never hears a Stop
+    restarted: list[int] = []
+    started = time.monotonic()
+    code = _watch([dying, deaf, learner], learner, LocalSettings(shutdown_grace=5.0),
+                  restarted.append, finishing)
+    assert code == 0
+    assert restarted == []
+    assert dying.exit_code() == 5 and deaf.exit_code() is not None
+    assert time.monotonic() - started < 30
