@@ -43,7 +43,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 protos: setup
-	$(PY) -m protos.generate
+	$(PY) -m hetrl.protos.generate
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from bench import common
-from protos import hetrl_pb2
-from rollout import fragments
-from rollout.collector import FragmentArrays
+from hetrl.protos import hetrl_pb2
+from hetrl.rollout import fragments
+from hetrl.rollout.collector import FragmentArrays
 
 T_LEN, N_ENVS = 64, 8
 

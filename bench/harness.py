@@ -4,7 +4,7 @@
   baseline) and the consumer get: with two or more usable cores the producer is
   pinned to one core and the consumer to another, so "one worker per core" holds and
   the two sides do not take turns on a core; `shared` pins nothing.
-- `start_worker` runs the real `python -m rollout.worker SETTINGS_JSON` process.
+- `start_worker` runs the real `python -m hetrl.rollout.worker SETTINGS_JSON` process.
 - `Consumer` is the learner's receive path and nothing else: a real
   `learner.connections.WorkerStream` (its thread decodes every fragment with
   `rollout.fragments.from_message`) whose credits are returned the moment a fragment
@@ -97,8 +97,8 @@ def initial_weights(settings) -> dict[str, np.ndarray]:
     """The weights both sides sample with: a Policy initialised from settings.seed."""
     import torch
 
-    from rollout.envs import describe_env
-    from rollout.policy import Policy, policy_arrays
+    from hetrl.rollout.envs import describe_env
+    from hetrl.rollout.policy import Policy, policy_arrays
 
     desc = describe_env(settings)
     with torch.random.fork_rng():
@@ -107,15 +107,15 @@ def initial_weights(settings) -> dict[str, np.ndarray]:
 
 
 def start_worker(settings, cpus: set[int] | None, token: str, log_name: str):
-    """Run `python -m rollout.worker`; return (process, address)."""
-    from rollout.settings import to_json
+    """Run `python -m hetrl.rollout.worker`; return (process, address)."""
+    from hetrl.rollout.settings import to_json
 
     tmp = Path(tempfile.mkdtemp(prefix="hetrl-bench-"))
     ready = tmp / "ready.json"
     settings = dataclasses.replace(settings, ready_file=str(ready), port=0,
                                    learner_timeout=600.0)
     (tmp / "worker.json").write_text(to_json(settings))
-    process = spawn(["-m", "rollout.worker", str(tmp / "worker.json")], cpus, log_name,
+    process = spawn(["-m", "hetrl.rollout.worker", str(tmp / "worker.json")], cpus, log_name,
                     env={"HETRL_TOKEN": token})
     deadline = time.monotonic() + 120
     while not ready.exists():
@@ -145,9 +145,9 @@ class Window:
 
 def stream_spec(settings):
     """The StreamSpec a learner would build for these settings' env."""
-    from learner.connections import StreamSpec
-    from rollout.envs import describe_env
-    from rollout.policy import action_dtype
+    from hetrl.learner.connections import StreamSpec
+    from hetrl.rollout.envs import describe_env
+    from hetrl.rollout.policy import action_dtype
 
     desc = describe_env(settings)
     obs, act = desc.observation_space, desc.action_space
@@ -156,8 +156,8 @@ def stream_spec(settings):
 
 
 def weights_message(arrays: dict[str, np.ndarray], version: int = 0):
-    from protos import hetrl_pb2
-    from rollout import wire
+    from hetrl.protos import hetrl_pb2
+    from hetrl.rollout import wire
 
     return hetrl_pb2.Weights(version=version, arrays=wire.encode_named(arrays))
 
@@ -166,7 +166,7 @@ class Consumer:
     """The learner's receive path: WorkerStream decodes, credits go straight back."""
 
     def __init__(self, address: str, token: str, spec, weights) -> None:
-        from learner.connections import StreamState, WorkerStream
+        from hetrl.learner.connections import StreamState, WorkerStream
 
         self.fan_in: queue.Queue = queue.Queue()
         self.stream = WorkerStream(address, token, spec, self.fan_in, weights, credits=0,
@@ -195,7 +195,7 @@ class Consumer:
             self.stream.return_credit()
 
     def _get(self, timeout: float):
-        from learner.connections import StreamFailure
+        from hetrl.learner.connections import StreamFailure
 
         item = self.fan_in.get(timeout=timeout)
         if isinstance(item, StreamFailure):
@@ -242,7 +242,7 @@ class Baseline:
     """Parent side of the in-process baseline child."""
 
     def __init__(self, settings, cpus: set[int] | None, log_name: str):
-        from rollout.settings import to_json
+        from hetrl.rollout.settings import to_json
 
         self.path = Path(tempfile.mkdtemp(prefix="hetrl-bench-")) / "baseline.json"
         self.path.write_text(to_json(settings))
@@ -263,9 +263,9 @@ class Baseline:
 
 def _baseline_main(settings_path: str) -> int:
     """Child: build what a worker builds, then step the collector on command."""
-    from rollout.policy import load_policy_arrays
-    from rollout.settings import WorkerSettings, from_json
-    from rollout.worker import RolloutWorker
+    from hetrl.rollout.policy import load_policy_arrays
+    from hetrl.rollout.settings import WorkerSettings, from_json
+    from hetrl.rollout.worker import RolloutWorker
 
     settings = from_json(WorkerSettings, Path(settings_path).read_text())
     worker = RolloutWorker(settings)  # same envs, policy, seeds and torch threads

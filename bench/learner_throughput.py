@@ -24,12 +24,12 @@ import torch
 import tyro
 
 from bench import common
-from learner.ppo import Batch, ppo_update
-from learner.settings import TrainSettings
-from protos import hetrl_pb2
-from rollout import wire
-from rollout.policy import Policy, action_dtype, policy_arrays
-from rollout.settings import PolicySettings
+from hetrl.learner.ppo import Batch, ppo_update
+from hetrl.learner.settings import TrainSettings
+from hetrl.protos import hetrl_pb2
+from hetrl.rollout import wire
+from hetrl.rollout.policy import Policy, action_dtype, policy_arrays
+from hetrl.rollout.settings import PolicySettings
 
 MODELS = {
     "mlp / Humanoid-v5": (gym.spaces.Box(-np.inf, np.inf, (348,), np.float64),

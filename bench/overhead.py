@@ -1,6 +1,6 @@
 """Benchmark 1, collection overhead: what streaming costs a rollout worker.
 
-Numerator: env steps/s delivered by one real rollout worker (`python -m rollout.worker`,
+Numerator: env steps/s delivered by one real rollout worker (`python -m hetrl.rollout.worker`,
 one torch thread) streaming to a consumer that does the learner's receive path only
 (`WorkerStream` decodes every fragment; credits are returned at once; nothing is
 trained). Denominator: the same `RolloutWorker` construction (vector env, policy,
@@ -25,8 +25,8 @@ from typing import Literal
 import tyro
 
 from bench import common, harness
-from rollout.settings import WorkerSettings
-from rollout.transport import new_token
+from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.transport import new_token
 
 ALIASES = {"pong": "bench.envs:make_pong"}
 TARGETS = {"Humanoid-v5": 0.95, "HalfCheetah-v5": 0.95, "CartPole-v1": 0.8, "pong": 0.9}

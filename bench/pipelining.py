@@ -4,8 +4,8 @@
     T steps) and the same `ppo_update` (default `TrainSettings`, or --epochs and
     --minibatches on both sides), alternating
     "collect fragments_per_batch fragments" and "train on them".
-(b) hetrl with one worker: the real `python -m rollout.worker` pinned to one core and
-    the real `python -m learner.learner` pinned to the other, over loopback gRPC, so
+(b) hetrl with one worker: the real `python -m hetrl.rollout.worker` pinned to one core and
+    the real `python -m hetrl.learner.learner` pinned to the other, over loopback gRPC, so
     stepping and training overlap. Same env, N, T, seed and hyperparameters.
 Steps/s is steady state: from the first update's record to the last. Learner-wait is
 the learner's share of time waiting for fragments (summary.json); worker-wait is the
@@ -27,13 +27,13 @@ import torch
 import tyro
 
 from bench import common, harness
-from learner.ppo import Batch, ppo_update
-from learner.settings import LearnerSettings, TrainSettings
-from rollout.collector import Collector
-from rollout.envs import make_vector_env
-from rollout.policy import Policy
-from rollout.settings import WorkerSettings, to_json
-from rollout.transport import new_token
+from hetrl.learner.ppo import Batch, ppo_update
+from hetrl.learner.settings import LearnerSettings, TrainSettings
+from hetrl.rollout.collector import Collector
+from hetrl.rollout.envs import make_vector_env
+from hetrl.rollout.policy import Policy
+from hetrl.rollout.settings import WorkerSettings, to_json
+from hetrl.rollout.transport import new_token
 
 
 @dataclasses.dataclass
@@ -116,7 +116,7 @@ def pipelined(s: Settings, run: int) -> dict:
                                 epochs=s.epochs, minibatches=s.minibatches,
                                 worker_addresses=(address,), out=str(out), progress=False)
     (out / "learner.json").write_text(to_json(lsettings))
-    learner = harness.spawn(["-m", "learner.learner", str(out / "learner.json")],
+    learner = harness.spawn(["-m", "hetrl.learner.learner", str(out / "learner.json")],
                             learner_cpus, f"pipelining-learner-{run}",
                             env={"HETRL_TOKEN": token})
     load = common.ForeignLoad([os.getpid(), worker.pid, learner.pid]).start()

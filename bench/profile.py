@@ -1,6 +1,6 @@
 """Profile the streaming path: where a rollout worker's and the consumer's time goes.
 
-Starts the same pair as bench.overhead (a real `python -m rollout.worker` pinned to
+Starts the same pair as bench.overhead (a real `python -m hetrl.rollout.worker` pinned to
 one core, the `WorkerStream` consumer on another), keeps fragments flowing, and runs
 py-spy (`pip install py-spy`) on both processes, sampling every thread including idle
 ones (`--idle --threads --nonblocking`, py-spy itself on the consumer's core). Each
@@ -25,8 +25,8 @@ import tyro
 
 from bench import common, harness
 from bench.overhead import ALIASES
-from rollout.settings import WorkerSettings
-from rollout.transport import new_token
+from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.transport import new_token
 
 # (bucket, substrings of a frame "function (file:line)"); the leaf-most match wins.
 BUCKETS = [

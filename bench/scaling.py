@@ -27,12 +27,12 @@ import torch
 import tyro
 
 from bench import common, harness, learner_throughput
-from launch import run_local
-from learner.settings import TrainSettings
-from rollout.envs import describe_env
-from rollout.policy import Policy
-from rollout.settings import PolicySettings, WorkerSettings
-from rollout.transport import new_token
+from hetrl.launch import run_local
+from hetrl.learner.settings import TrainSettings
+from hetrl.rollout.envs import describe_env
+from hetrl.rollout.policy import Policy
+from hetrl.rollout.settings import PolicySettings, WorkerSettings
+from hetrl.rollout.transport import new_token
 
 
 @dataclasses.dataclass

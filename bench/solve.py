@@ -21,7 +21,7 @@ from pathlib import Path
 import tyro
 
 from bench import common
-from launch import run_local
+from hetrl.launch import run_local
 
 THRESHOLD = 475.0
 

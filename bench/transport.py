@@ -33,9 +33,9 @@ import numpy as np
 import tyro
 
 from bench import census, common, harness
-from protos import hetrl_pb2, hetrl_pb2_grpc
-from rollout import fragments, wire
-from rollout.collector import FragmentArrays
+from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout import fragments, wire
+from hetrl.rollout.collector import FragmentArrays
 
 T_LEN, N_ENVS = 32, 8  # every test fragment is 32 steps x 8 envs; obs width sets the size
 HEADER = struct.Struct("<Q")
@@ -76,7 +76,7 @@ def test_fragment(size: int) -> FragmentArrays:
 
 
 def spec_for(size: int):
-    from learner.connections import StreamSpec
+    from hetrl.learner.connections import StreamSpec
 
     width = test_fragment(size).observations.shape[-1]
     return StreamSpec("bench-transport", f"Box({width})", "Discrete(2)", (width,),
@@ -156,7 +156,7 @@ def _raw_sender(conn: socket.socket) -> None:
 
 def serve() -> int:
     """Child: serve gRPC and raw TCP until stdin closes; print the ports first."""
-    from rollout.transport import create_server
+    from hetrl.rollout.transport import create_server
 
     token = sys.stdin.readline().strip()
     server, grpc_port = create_server("127.0.0.1:0", token)
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
         fragments.to_message(sample, 0, "b", 1, 2), "fragments.serialize disagrees"
     producer, consumer_cpus = harness.placement(s.placement)
     harness.pin_this_process(consumer_cpus)
-    from rollout.transport import new_token
+    from hetrl.rollout.transport import new_token
 
     token = new_token()
     child = harness.spawn(["-m", "bench.transport", "serve"], producer, "transport-server",

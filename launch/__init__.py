@@ -4,6 +4,6 @@
 imports it.
 """
 
-from launch.local import RunResult, run_local
+from hetrl.launch.local import RunResult, run_local
 
 __all__ = ["RunResult", "run_local"]

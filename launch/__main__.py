@@ -1,5 +1,5 @@
-"""`python -m launch` runs the hetrl CLI (the same as the `hetrl` console script)."""
+"""`python -m hetrl.launch` runs the hetrl CLI (the same as the `hetrl` console script)."""
 
-from launch.cli import main
+from hetrl.launch.cli import main
 
 raise SystemExit(main())

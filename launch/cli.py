@@ -8,17 +8,17 @@ import sys
 
 import tyro
 
-from launch.emulate import EmulateSettings
-from launch.plan import PlanSettings
-from launch.settings import ClusterSettings, LocalSettings, ReportSettings
-from launch.submit import SubmitSettings  # imports no SDK; it loads only when used
-from learner.settings import LearnerSettings
-from rollout.errors import HetrlError
-from rollout.settings import WorkerSettings
+from hetrl.launch.emulate import EmulateSettings
+from hetrl.launch.plan import PlanSettings
+from hetrl.launch.settings import ClusterSettings, LocalSettings, ReportSettings
+from hetrl.launch.submit import SubmitSettings  # imports no SDK; it loads only when used
+from hetrl.learner.settings import LearnerSettings
+from hetrl.rollout.errors import HetrlError
+from hetrl.rollout.settings import WorkerSettings
 
 
 def _local(settings: LocalSettings) -> int:
-    from launch.local import run_local
+    from hetrl.launch.local import run_local
 
     result = run_local(settings)
     if result.ok:
@@ -27,19 +27,19 @@ def _local(settings: LocalSettings) -> int:
 
 
 def _worker(settings: WorkerSettings) -> int:
-    from rollout.worker import run_worker
+    from hetrl.rollout.worker import run_worker
 
     return run_worker(settings)
 
 
 def _learner(settings: LearnerSettings) -> int:
-    from learner.learner import run_learner
+    from hetrl.learner.learner import run_learner
 
     return run_learner(settings)
 
 
 def _emulate(settings: EmulateSettings) -> int:
-    from launch.emulate import report, run_emulated
+    from hetrl.launch.emulate import report, run_emulated
 
     result = run_emulated(settings)
     print(report(result), file=sys.stderr)
@@ -47,7 +47,7 @@ def _emulate(settings: EmulateSettings) -> int:
 
 
 def _submit(settings: SubmitSettings) -> int:
-    from launch.submit import run_submit
+    from hetrl.launch.submit import run_submit
 
     return run_submit(settings)
 
@@ -55,7 +55,7 @@ def _submit(settings: SubmitSettings) -> int:
 def _report(settings: ReportSettings) -> int:
     from pathlib import Path
 
-    from launch.report import compare, write_report
+    from hetrl.launch.report import compare, write_report
 
     types = list(settings.instance_type) + [""] * (2 - len(settings.instance_type))
     prices = settings.prices or None
@@ -68,7 +68,7 @@ def _report(settings: ReportSettings) -> int:
 
 
 def _plan(settings: PlanSettings) -> int:
-    from launch.plan import run_plan
+    from hetrl.launch.plan import run_plan
 
     print(run_plan(settings))
     return 0
@@ -90,12 +90,24 @@ COMMANDS = {
 }
 
 
+def _user_modules_importable() -> None:
+    """Let `--env my_pkg.envs:Maze` import from the current directory, as `python -m`
+    does, but after hetrl's own modules and every installed package (the `hetrl` script,
+    unlike `python -m`, does not put the current directory on the path)."""
+    import os
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = sys.argv[1:] if argv is None else argv
+    _user_modules_importable()
     if args[:1] == ["launch"] and not {"-h", "--help"} & set(args):
         # Defaults come from the job's hyperparameters, so the host entry point parses.
-        from launch.host import main as host_main
+        from hetrl.launch.host import main as host_main
 
         return host_main(args[1:])
     try:

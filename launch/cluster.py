@@ -22,7 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from rollout.errors import ConfigError
+from hetrl.rollout.errors import ConfigError
 
 # "algo-1=127.0.0.1,algo-2=127.0.0.2": consulted before DNS (hetrl emulate sets it).
 HOST_MAP_ENV = "HETRL_HOST_MAP"

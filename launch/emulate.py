@@ -4,7 +4,7 @@ For each emulated host it writes the tree SageMaker would give it
 (`input/config/resourceconfig.json` with unsorted group host lists,
 `hyperparameters.json`, `inputdataconfig.json`, `model/`, `output/`), maps `algo-N` to
 its own loopback address 127.0.0.N (HETRL_HOST_MAP), and starts the very entry point a
-real host runs (`python -m launch.host`) with SAGEMAKER_BASE_DIR pointing at its tree
+real host runs (`python -m hetrl.launch.host`) with SAGEMAKER_BASE_DIR pointing at its tree
 and the shared token in its environment. It then watches the hosts as SageMaker would:
 the job succeeds when every host exits 0. Ctrl-C sends SIGTERM to every host, as a
 job stop does. It does not train anything itself.
@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launch.cluster import HOST_MAP_ENV
-from launch.processes import Child, child_environment, spawn_command, stop_all
-from launch.settings import ClusterSettings
-from rollout.errors import ConfigError
-from rollout.settings import require
-from rollout.transport import new_token
+from hetrl.launch.cluster import HOST_MAP_ENV
+from hetrl.launch.processes import PYTHON, Child, child_environment, spawn_command, stop_all
+from hetrl.launch.settings import ClusterSettings
+from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.settings import require
+from hetrl.rollout.transport import new_token
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -187,7 +187,7 @@ def start_host(cluster: EmulatedCluster, host: str, wrapper: tuple[str, ...] = (
     # The learner host's log is the run's progress: show it; env hosts log to files.
     log_path = cluster.learner_log if host == cluster.learner else (
         cluster.root / "hosts" / host / "host.log")
-    command = [*wrapper, sys.executable, "-m", "launch.host"]
+    command = [*wrapper, *PYTHON, "-m", "hetrl.launch.host"]
     child = spawn_command(host, command, env, log_path)
     cluster.hosts[host] = child
     return child

@@ -25,8 +25,8 @@ from pathlib import Path
 import psutil
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from launch.cluster import ClusterView, resolve, usable_cores
-from launch.processes import (
+from hetrl.launch.cluster import ClusterView, resolve, usable_cores
+from hetrl.launch.processes import (
     MAX_WORKER_RESTARTS,
     WORKER_EXIT_UNHEALTHY,
     Child,
@@ -35,10 +35,10 @@ from launch.processes import (
     spawn,
     stop_all,
 )
-from launch.settings import ClusterSettings
-from protos import hetrl_pb2, hetrl_pb2_grpc
-from rollout.settings import WorkerSettings, pick
-from rollout.transport import create_server, transport_options
+from hetrl.launch.settings import ClusterSettings
+from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout.settings import WorkerSettings, pick
+from hetrl.rollout.transport import create_server, transport_options
 
 log = logging.getLogger("hetrl.env_host")
 
@@ -106,7 +106,7 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
             port=settings.worker_base_port + i, ready_file="",
             learner_timeout=settings.startup_timeout + settings.loss_timeout,
         )
-        return spawn(f"worker-{i}", "rollout.worker", worker, run_dir, env)
+        return spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env)
 
     control = HostControl(cluster.current_host, addresses, usable_cores())
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import sys
 
-from launch.cluster import ClusterView, read_cluster, settings_overrides
-from launch.settings import ClusterSettings, LocalSettings
-from rollout.errors import ConfigError, HetrlError
-from rollout.lifetime import die_with_parent
-from rollout.settings import pick
-from rollout.transport import token_from_env
+from hetrl.launch.cluster import ClusterView, read_cluster, settings_overrides
+from hetrl.launch.settings import ClusterSettings, LocalSettings
+from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.lifetime import die_with_parent
+from hetrl.rollout.settings import pick
+from hetrl.rollout.transport import token_from_env
 
 log = logging.getLogger("hetrl.host")
 
@@ -40,8 +40,8 @@ def settings_for(cluster: ClusterView, argv: list[str]) -> ClusterSettings:
 
 def run_host(settings: ClusterSettings, cluster: ClusterView) -> int:
     """Run this host's role; return its exit code."""
-    from launch.env_host import run_env_host
-    from launch.learner_host import run_learner_host
+    from hetrl.launch.env_host import run_env_host
+    from hetrl.launch.learner_host import run_learner_host
 
     token = token_from_env()
     group = cluster.current_group
@@ -62,8 +62,8 @@ def run_host(settings: ClusterSettings, cluster: ClusterView) -> int:
 
 
 def _run_homogeneous(settings: ClusterSettings, cluster: ClusterView) -> int:
-    from launch.cluster import usable_cores
-    from launch.local import run_local
+    from hetrl.launch.cluster import usable_cores
+    from hetrl.launch.local import run_local
 
     hosts = cluster.groups.get(cluster.current_group, [cluster.current_host])
     if len(hosts) > 1 and cluster.current_host != hosts[0]:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except HetrlError as exc:
         log.error("%s", exc)
         if cluster is not None:
-            from launch.env_host import write_failure
+            from hetrl.launch.env_host import write_failure
 
             write_failure(cluster, f"{cluster.current_host}: {exc}")
         return EXIT_BAD_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED

@@ -20,16 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from launch.cluster import ClusterView, resolve, usable_cores
-from launch.env_host import write_failure
-from launch.processes import Child, child_environment, spawn, stop_all, wait_ready_file
-from launch.settings import ClusterSettings
-from learner.learner import Learner
-from learner.settings import LearnerSettings
-from protos import hetrl_pb2, hetrl_pb2_grpc
-from rollout.errors import ConfigError, HetrlError
-from rollout.settings import WorkerSettings, pick
-from rollout.transport import auth_metadata, create_channel, transport_options
+from hetrl.launch.cluster import ClusterView, resolve, usable_cores
+from hetrl.launch.env_host import write_failure
+from hetrl.launch.processes import Child, child_environment, spawn, stop_all, wait_ready_file
+from hetrl.launch.settings import ClusterSettings
+from hetrl.learner.learner import Learner
+from hetrl.learner.settings import LearnerSettings
+from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.settings import WorkerSettings, pick
+from hetrl.rollout.transport import auth_metadata, create_channel, transport_options
 
 log = logging.getLogger("hetrl.learner_host")
 
@@ -222,7 +222,7 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
                       "ends them within loss_timeout", unconfirmed)
         stop_all(local, 10.0)
     if learner is not None:
-        from launch.report import try_write_report
+        from hetrl.launch.report import try_write_report
 
         try_write_report(cluster.model_dir)
     return code
@@ -254,7 +254,7 @@ def _start_local_workers(
         worker = pick(WorkerSettings, settings, worker_id=900_000 + i, host="127.0.0.1",
                       port=0, ready_file=str(ready),
                       learner_timeout=settings.resolve_timeout + settings.loss_timeout)
-        children.append(spawn(f"local-worker-{i}", "rollout.worker", worker, run_dir, env))
+        children.append(spawn(f"local-worker-{i}", "hetrl.rollout.worker", worker, run_dir, env))
     return [
         wait_ready_file(child, run_dir / f"local-worker-{i}.ready", settings.resolve_timeout)
         for i, child in enumerate(children)

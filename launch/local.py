@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launch.processes import (
+from hetrl.launch.processes import (
     MAX_WORKER_RESTARTS,
     WORKER_EXIT_UNHEALTHY,
     Child,
@@ -33,12 +33,12 @@ from launch.processes import (
     wait_all,
     wait_ready_file,
 )
-from launch.settings import LocalSettings
-from learner.settings import LearnerSettings
-from rollout.envs import describe_env
-from rollout.errors import ChildFailedError, ConfigError
-from rollout.settings import WorkerSettings, pick
-from rollout.transport import new_token
+from hetrl.launch.settings import LocalSettings
+from hetrl.learner.settings import LearnerSettings
+from hetrl.rollout.envs import describe_env
+from hetrl.rollout.errors import ChildFailedError, ConfigError
+from hetrl.rollout.settings import WorkerSettings, pick
+from hetrl.rollout.transport import new_token
 
 log = logging.getLogger("hetrl.launch")
 
@@ -114,7 +114,7 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
         (out / "cluster.json").write_text(json.dumps({"instances": instances}))
     code = _supervise(settings, out / "launch")
     if (out / "summary.json").exists():
-        from launch.report import try_write_report
+        from hetrl.launch.report import try_write_report
 
         try_write_report(out, settings.instance_type)
     summary_path = out / "summary.json"
@@ -141,7 +141,7 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
             ready.unlink(missing_ok=True)
             worker = pick(WorkerSettings, settings, worker_id=i, host="127.0.0.1", port=0,
                           ready_file=str(ready))
-            children.append(spawn(f"worker-{i}", "rollout.worker", worker, run_dir, env))
+            children.append(spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env))
         for i, child in enumerate(children):
             addresses.append(
                 wait_ready_file(child, run_dir / f"worker-{i}.ready", settings.startup_timeout)
@@ -150,7 +150,7 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
         finishing.unlink(missing_ok=True)
         learner_settings = pick(LearnerSettings, settings, worker_addresses=tuple(addresses),
                                 finishing_file=str(finishing))
-        learner = spawn("learner", "learner.learner", learner_settings, run_dir, env,
+        learner = spawn("learner", "hetrl.learner.learner", learner_settings, run_dir, env,
                         log_to_file=False)
         children.append(learner)
 
@@ -158,7 +158,7 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
             port = int(addresses[i].rsplit(":", 1)[1])
             worker = pick(WorkerSettings, settings, worker_id=i, host="127.0.0.1", port=port,
                           ready_file="")
-            return spawn(f"worker-{i}", "rollout.worker", worker, run_dir, env)
+            return spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env)
 
         return _watch(children, learner, settings, restart, finishing)
     except _Interrupted as exc:

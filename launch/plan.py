@@ -18,9 +18,9 @@ import math
 import time
 from pathlib import Path
 
-from launch.prices import cost_per_million_steps, load_prices
-from rollout.errors import ConfigError
-from rollout.settings import EnvSettings, PolicySettings, RolloutSettings, require
+from hetrl.launch.prices import cost_per_million_steps, load_prices
+from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.settings import EnvSettings, PolicySettings, RolloutSettings, require
 
 
 @dataclasses.dataclass
@@ -57,9 +57,9 @@ def measure_core_rate(settings: PlanSettings) -> float:
     """Env steps per second of one worker on one core (policy inference included)."""
     import torch
 
-    from rollout.collector import Collector
-    from rollout.envs import make_vector_env
-    from rollout.policy import Policy
+    from hetrl.rollout.collector import Collector
+    from hetrl.rollout.envs import make_vector_env
+    from hetrl.rollout.policy import Policy
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -90,7 +90,7 @@ def measure_learner_rate(settings: PlanSettings, seconds: float = 3.0) -> float:
     """Env steps per second the learner trains on here (default PPO settings, this CPU)."""
     import torch
 
-    from learner.settings import TrainSettings
+    from hetrl.learner.settings import TrainSettings
 
     train = TrainSettings()
     threads = torch.get_num_threads()
@@ -105,9 +105,9 @@ def _time_updates(settings: PlanSettings, train, seconds: float) -> float:
     import numpy as np
     import torch
 
-    from learner.ppo import Batch, ppo_update
-    from rollout.envs import describe_env
-    from rollout.policy import Policy, action_dtype
+    from hetrl.learner.ppo import Batch, ppo_update
+    from hetrl.rollout.envs import describe_env
+    from hetrl.rollout.policy import Policy, action_dtype
 
     d = describe_env(settings)
     policy = Policy(d.observation_space, d.action_space, settings)

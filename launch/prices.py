@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from rollout.errors import ConfigError
+from hetrl.rollout.errors import ConfigError
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 PRICES_ENV = "HETRL_PRICES"  # a JSON file in the same format; its entries win

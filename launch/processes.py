@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from rollout.errors import ChildFailedError
-from rollout.lifetime import PARENT_ENV
-from rollout.settings import to_json
+from hetrl.rollout.errors import ChildFailedError
+from hetrl.rollout.lifetime import PARENT_ENV
+from hetrl.rollout.settings import to_json
 
 # Worker restarts a supervisor allows per run (crashes, kills, hangs) before giving up.
 MAX_WORKER_RESTARTS = 3
@@ -54,13 +54,21 @@ class Child:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
+# -P (Python >= 3.11): `-m` does not put the current directory first on the child's path;
+# child_environment puts it last instead.
+PYTHON = [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
+
+
 def child_environment(token: str) -> dict[str, str]:
-    """The parent's environment, plus the token and the parent's import path (so a
-    user's env module importable here is importable in the children)."""
+    """The parent's environment, plus the token and the parent's import path, with the
+    current directory last: a child finds hetrl (and every installed package) first and a
+    user's modules in the current directory second, as `python -m` would, so no file of
+    the user's can replace hetrl's code."""
     env = dict(os.environ)
     env["HETRL_TOKEN"] = token
-    paths = [p for p in sys.path if p and Path(p).exists()]
-    env["PYTHONPATH"] = os.pathsep.join([str(Path.cwd()), *paths])
+    cwd = Path.cwd().resolve()
+    paths = [p for p in sys.path if p and Path(p).exists() and Path(p).resolve() != cwd]
+    env["PYTHONPATH"] = os.pathsep.join([*dict.fromkeys(paths), str(cwd)])
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -74,7 +82,7 @@ def spawn(
     config = run_dir / f"{name}.json"
     config.write_text(to_json(settings))
     log_path = run_dir / "logs" / f"{name}.log" if log_to_file else None
-    return spawn_command(name, [sys.executable, "-m", module, str(config)], env, log_path)
+    return spawn_command(name, [*PYTHON, "-m", module, str(config)], env, log_path)
 
 
 def spawn_command(

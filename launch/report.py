@@ -15,8 +15,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from launch.prices import PriceTable, cost_per_million_steps, load_prices
-from rollout.errors import ConfigError
+from hetrl.launch.prices import PriceTable, cost_per_million_steps, load_prices
+from hetrl.rollout.errors import ConfigError
 
 log = logging.getLogger("hetrl.report")
 

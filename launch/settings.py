@@ -7,8 +7,8 @@ from typing import Annotated
 
 import tyro
 
-from learner.settings import CheckpointSettings, OutputSettings, TrainSettings
-from rollout.settings import (
+from hetrl.learner.settings import CheckpointSettings, OutputSettings, TrainSettings
+from hetrl.rollout.settings import (
     EnvSettings,
     PolicySettings,
     ReliabilitySettings,

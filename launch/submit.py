@@ -27,18 +27,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from launch.settings import ClusterSettings
-from rollout.errors import ConfigError
-from rollout.settings import _chain_post_init, require
+from hetrl.launch.settings import ClusterSettings
+from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.settings import _chain_post_init, require
 
 log = logging.getLogger(__name__)
 
-PACKAGES = ("protos", "rollout", "learner", "launch")
-"""hetrl's own packages, copied into the job's code directory."""
+PACKAGE = "hetrl"
+"""hetrl's own package (the rooms under it), copied into the job's code directory."""
 ENTRY_SCRIPT = "launcher.py"
-LAUNCHER = "from launch.host import main\nraise SystemExit(main())\n"
+LAUNCHER = "from hetrl.launch.host import main\nraise SystemExit(main())\n"
 REQUIREMENTS = "requirements.txt"
-_RESERVED = (*PACKAGES, ENTRY_SCRIPT, REQUIREMENTS)
+_RESERVED = (PACKAGE, ENTRY_SCRIPT, REQUIREMENTS)
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/\S+")
 _S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?")
@@ -186,8 +186,7 @@ def stage_code(settings: SubmitSettings, into: Path) -> None:
     Raises:
         ConfigError: --source-dir holds a top-level name hetrl needs for itself.
     """
-    for name in PACKAGES:
-        shutil.copytree(_package_dir(name), into / name, ignore=_IGNORE)
+    _copy_package(into / PACKAGE)
     lines = runtime_requirements()
     if settings.source_dir:
         source = Path(settings.source_dir)
@@ -415,8 +414,16 @@ def _require_sdk() -> None:
                           "pip install 'hetrl[sagemaker]'") from exc
 
 
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"cannot find hetrl's package {name!r}: reinstall hetrl")
-    return Path(next(iter(spec.submodule_search_locations)))
+def _copy_package(into: Path) -> None:
+    """Copy the installed hetrl package (its __init__, __main__ and rooms) to `into`;
+    from a checkout, only those: never its tests, benchmarks or virtual environment."""
+    import hetrl
+
+    root = Path(hetrl.__file__).resolve().parent
+    into.mkdir(parents=True)
+    for name in ("__init__.py", "__main__.py"):
+        shutil.copyfile(root / name, into / name)
+    for room in ("protos", "rollout", "learner", "launch"):
+        if not (root / room / "__init__.py").is_file():
+            raise ConfigError(f"cannot find hetrl.{room} under {root}: reinstall hetrl")
+        shutil.copytree(root / room, into / room, ignore=_IGNORE)

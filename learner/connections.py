@@ -28,10 +28,10 @@ import time
 import grpc
 import numpy as np
 
-from protos import hetrl_pb2, hetrl_pb2_grpc
-from rollout import fragments
-from rollout.errors import ProtocolError, WireFormatError
-from rollout.transport import DEFAULT_OPTIONS, TransportOptions, auth_metadata, create_channel
+from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout import fragments
+from hetrl.rollout.errors import ProtocolError, WireFormatError
+from hetrl.rollout.transport import DEFAULT_OPTIONS, TransportOptions, auth_metadata, create_channel
 
 log = logging.getLogger("hetrl.learner")
 

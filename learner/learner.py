@@ -23,28 +23,28 @@ import numpy as np
 import torch
 from safetensors.numpy import save_file
 
-from learner.checkpoint import load_latest, save_checkpoint
-from learner.connections import (
+from hetrl.learner.checkpoint import load_latest, save_checkpoint
+from hetrl.learner.connections import (
     StreamFailure,
     StreamSpec,
     WorkerStream,
     fan_in_bound,
     stream_counters,
 )
-from learner.metrics import MetricsWriter
-from learner.ppo import Batch, ppo_update
-from learner.settings import LearnerSettings
-from learner.utilisation import UtilisationSampler
-from learner.verdict import judge
-from protos import hetrl_pb2
-from rollout import wire
-from rollout.envs import describe_env
-from rollout.errors import HetrlError, NonFiniteError, ProtocolError, WorkerLostError
-from rollout.fragments import Fragment
-from rollout.lifetime import die_with_parent
-from rollout.policy import Policy, action_dtype, load_policy_arrays, policy_arrays
-from rollout.settings import to_json
-from rollout.transport import token_from_env, transport_options
+from hetrl.learner.metrics import MetricsWriter
+from hetrl.learner.ppo import Batch, ppo_update
+from hetrl.learner.settings import LearnerSettings
+from hetrl.learner.utilisation import UtilisationSampler
+from hetrl.learner.verdict import judge
+from hetrl.protos import hetrl_pb2
+from hetrl.rollout import wire
+from hetrl.rollout.envs import describe_env
+from hetrl.rollout.errors import HetrlError, NonFiniteError, ProtocolError, WorkerLostError
+from hetrl.rollout.fragments import Fragment
+from hetrl.rollout.lifetime import die_with_parent
+from hetrl.rollout.policy import Policy, action_dtype, load_policy_arrays, policy_arrays
+from hetrl.rollout.settings import to_json
+from hetrl.rollout.transport import token_from_env, transport_options
 
 log = logging.getLogger("hetrl.learner")
 
@@ -386,11 +386,11 @@ def run_learner(settings: LearnerSettings, token: str | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m learner.learner SETTINGS_JSON`: the launcher's way to start a learner."""
+    """`python -m hetrl.learner.learner SETTINGS_JSON`: the launcher's way to start a learner."""
     die_with_parent()  # first: no child outlives its launcher
     import sys
 
-    from rollout.settings import from_json
+    from hetrl.rollout.settings import from_json
 
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

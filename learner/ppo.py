@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from learner.settings import TrainSettings
-from learner.vtrace import vtrace
-from rollout.policy import Policy
+from hetrl.learner.settings import TrainSettings
+from hetrl.learner.vtrace import vtrace
+from hetrl.rollout.policy import Policy
 
 
 @dataclasses.dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rollout.settings import (
+from hetrl.rollout.settings import (
     EnvSettings,
     PolicySettings,
     ReliabilitySettings,

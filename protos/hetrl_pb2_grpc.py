@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import hetrl_pb2 as protos_dot_hetrl__pb2
+from hetrl.protos import hetrl_pb2 as hetrl_dot_protos_dot_hetrl__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/hetrl_pb2_grpc.py depends on'
+        + ' but the generated code in hetrl/protos/hetrl_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class RolloutStub:
         """
         self.Stream = channel.stream_stream(
                 '/hetrl.Rollout/Stream',
-                request_serializer=protos_dot_hetrl__pb2.LearnerMessage.SerializeToString,
-                response_deserializer=protos_dot_hetrl__pb2.WorkerMessage.FromString,
+                request_serializer=hetrl_dot_protos_dot_hetrl__pb2.LearnerMessage.SerializeToString,
+                response_deserializer=hetrl_dot_protos_dot_hetrl__pb2.WorkerMessage.FromString,
                 _registered_method=True)
 
 
@@ -57,8 +57,8 @@ def add_RolloutServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Stream': grpc.stream_stream_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=protos_dot_hetrl__pb2.LearnerMessage.FromString,
-                    response_serializer=protos_dot_hetrl__pb2.WorkerMessage.SerializeToString,
+                    request_deserializer=hetrl_dot_protos_dot_hetrl__pb2.LearnerMessage.FromString,
+                    response_serializer=hetrl_dot_protos_dot_hetrl__pb2.WorkerMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,8 +86,8 @@ class Rollout:
             request_iterator,
             target,
             '/hetrl.Rollout/Stream',
-            protos_dot_hetrl__pb2.LearnerMessage.SerializeToString,
-            protos_dot_hetrl__pb2.WorkerMessage.FromString,
+            hetrl_dot_protos_dot_hetrl__pb2.LearnerMessage.SerializeToString,
+            hetrl_dot_protos_dot_hetrl__pb2.WorkerMessage.FromString,
             options,
             channel_credentials,
             insecure,
@@ -110,18 +110,18 @@ class HostControlStub:
         """
         self.Describe = channel.unary_unary(
                 '/hetrl.HostControl/Describe',
-                request_serializer=protos_dot_hetrl__pb2.DescribeRequest.SerializeToString,
-                response_deserializer=protos_dot_hetrl__pb2.HostInfo.FromString,
+                request_serializer=hetrl_dot_protos_dot_hetrl__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=hetrl_dot_protos_dot_hetrl__pb2.HostInfo.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/hetrl.HostControl/Heartbeat',
-                request_serializer=protos_dot_hetrl__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=protos_dot_hetrl__pb2.HeartbeatReply.FromString,
+                request_serializer=hetrl_dot_protos_dot_hetrl__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=hetrl_dot_protos_dot_hetrl__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
         self.Stop = channel.unary_unary(
                 '/hetrl.HostControl/Stop',
-                request_serializer=protos_dot_hetrl__pb2.StopRequest.SerializeToString,
-                response_deserializer=protos_dot_hetrl__pb2.StopReply.FromString,
+                request_serializer=hetrl_dot_protos_dot_hetrl__pb2.StopRequest.SerializeToString,
+                response_deserializer=hetrl_dot_protos_dot_hetrl__pb2.StopReply.FromString,
                 _registered_method=True)
 
 
@@ -154,18 +154,18 @@ def add_HostControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
-                    request_deserializer=protos_dot_hetrl__pb2.DescribeRequest.FromString,
-                    response_serializer=protos_dot_hetrl__pb2.HostInfo.SerializeToString,
+                    request_deserializer=hetrl_dot_protos_dot_hetrl__pb2.DescribeRequest.FromString,
+                    response_serializer=hetrl_dot_protos_dot_hetrl__pb2.HostInfo.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=protos_dot_hetrl__pb2.HeartbeatRequest.FromString,
-                    response_serializer=protos_dot_hetrl__pb2.HeartbeatReply.SerializeToString,
+                    request_deserializer=hetrl_dot_protos_dot_hetrl__pb2.HeartbeatRequest.FromString,
+                    response_serializer=hetrl_dot_protos_dot_hetrl__pb2.HeartbeatReply.SerializeToString,
             ),
             'Stop': grpc.unary_unary_rpc_method_handler(
                     servicer.Stop,
-                    request_deserializer=protos_dot_hetrl__pb2.StopRequest.FromString,
-                    response_serializer=protos_dot_hetrl__pb2.StopReply.SerializeToString,
+                    request_deserializer=hetrl_dot_protos_dot_hetrl__pb2.StopRequest.FromString,
+                    response_serializer=hetrl_dot_protos_dot_hetrl__pb2.StopReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -193,8 +193,8 @@ class HostControl:
             request,
             target,
             '/hetrl.HostControl/Describe',
-            protos_dot_hetrl__pb2.DescribeRequest.SerializeToString,
-            protos_dot_hetrl__pb2.HostInfo.FromString,
+            hetrl_dot_protos_dot_hetrl__pb2.DescribeRequest.SerializeToString,
+            hetrl_dot_protos_dot_hetrl__pb2.HostInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -220,8 +220,8 @@ class HostControl:
             request,
             target,
             '/hetrl.HostControl/Heartbeat',
-            protos_dot_hetrl__pb2.HeartbeatRequest.SerializeToString,
-            protos_dot_hetrl__pb2.HeartbeatReply.FromString,
+            hetrl_dot_protos_dot_hetrl__pb2.HeartbeatRequest.SerializeToString,
+            hetrl_dot_protos_dot_hetrl__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -247,8 +247,8 @@ class HostControl:
             request,
             target,
             '/hetrl.HostControl/Stop',
-            protos_dot_hetrl__pb2.StopRequest.SerializeToString,
-            protos_dot_hetrl__pb2.StopReply.FromString,
+            hetrl_dot_protos_dot_hetrl__pb2.StopRequest.SerializeToString,
+            hetrl_dot_protos_dot_hetrl__pb2.StopReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,9 +18,9 @@ from collections.abc import Callable
 import gymnasium as gym
 import numpy as np
 
-from rollout.envs import FAULT_KEY
-from rollout.errors import EnvUnhealthyError, NonFiniteError
-from rollout.policy import Policy, action_dtype
+from hetrl.rollout.envs import FAULT_KEY
+from hetrl.rollout.errors import EnvUnhealthyError, NonFiniteError
+from hetrl.rollout.policy import Policy, action_dtype
 
 log = logging.getLogger("hetrl.collector")
 

@@ -16,15 +16,17 @@ import dataclasses
 import functools
 import importlib
 import logging
+import os
 import traceback
+from types import ModuleType
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
-from rollout.errors import EnvError, EnvUnhealthyError, NonFiniteError
-from rollout.settings import EnvSettings
+from hetrl.rollout.errors import EnvError, EnvUnhealthyError, NonFiniteError
+from hetrl.rollout.settings import EnvSettings
 
 log = logging.getLogger("hetrl.envs")
 
@@ -41,15 +43,27 @@ class EnvDescription:
     action_space: gym.spaces.Space
 
 
+def import_user_module(name: str, flag: str, error: type[Exception] = EnvError) -> ModuleType:
+    """Import a user's module the way `python -m` would find it: installed packages first,
+    then the current directory (hetrl's children get it last on their path).
+
+    Raises:
+        error: the import failed; the message names the flag and where hetrl looked.
+    """
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and name.startswith(exc.name):
+            hint = (f" hetrl looks for {exc.name!r} among installed packages, then in the "
+                    f"current directory ({os.getcwd()}) and PYTHONPATH: run from the folder "
+                    f"that holds {exc.name.split('.')[0]}/, or pip install it.")
+        raise error(f"{flag}: cannot import {name} ({exc!r}).{hint}") from exc
+
+
 def _import_modules(names: tuple[str, ...]) -> None:
     for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:
-            raise EnvError(
-                f"--env-import {name!r} failed to import: {exc!r}. Is the package installed "
-                "(or on PYTHONPATH) in this environment?"
-            ) from exc
+        import_user_module(name, "--env-import")  # registers its ids
 
 
 def env_spec(settings: EnvSettings) -> str | EnvSpec:
@@ -57,10 +71,8 @@ def env_spec(settings: EnvSettings) -> str | EnvSpec:
     _import_modules(settings.env_import)
     if ":" in settings.env:
         module, _, attr = settings.env.partition(":")
-        try:
-            target = getattr(importlib.import_module(module), attr, None)
-        except Exception as exc:
-            raise EnvError(f"--env {settings.env!r}: cannot import {module} ({exc!r})") from exc
+        target = getattr(import_user_module(module, f"--env {settings.env!r}"), attr,
+                         None)
         if callable(target):  # pkg.mod:Class (or a factory function)
             return EnvSpec(id=settings.env, entry_point=settings.env)
         # otherwise gymnasium's own "module:EnvId" form: the module registers EnvId

@@ -14,10 +14,10 @@ import dataclasses
 
 import numpy as np
 
-from protos import hetrl_pb2
-from rollout import wire
-from rollout.collector import ARRAY_FIELDS, FragmentArrays
-from rollout.errors import WireFormatError
+from hetrl.protos import hetrl_pb2
+from hetrl.rollout import wire
+from hetrl.rollout.collector import ARRAY_FIELDS, FragmentArrays
+from hetrl.rollout.errors import WireFormatError
 
 _STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "logprobs", "valid")
 

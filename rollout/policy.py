@@ -10,7 +10,6 @@ buffers of the module, so they travel with the weights. No gRPC, no envs here.
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import gymnasium as gym
@@ -19,8 +18,9 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
-from rollout.errors import ConfigError, WireFormatError
-from rollout.settings import PolicySettings
+from hetrl.rollout.envs import import_user_module
+from hetrl.rollout.errors import ConfigError, WireFormatError
+from hetrl.rollout.settings import PolicySettings
 
 
 class RunningMeanStd(nn.Module):
@@ -83,10 +83,11 @@ class MLPActorCritic(nn.Module):
 
 def _load_custom(path: str, observation_space: gym.Space, action_space: gym.Space) -> nn.Module:
     module, _, attr = path.partition(":")
+    imported = import_user_module(module, f"--policy {path!r}", ConfigError)
     try:
-        cls = getattr(importlib.import_module(module), attr)
-    except Exception as exc:
-        raise ConfigError(f"--policy {path!r} cannot be imported: {exc!r}") from exc
+        cls = getattr(imported, attr)
+    except AttributeError as exc:
+        raise ConfigError(f"--policy {path!r}: {module} has no {attr!r}") from exc
     net = cls(observation_space, action_space)
     if not isinstance(net, nn.Module):
         raise ConfigError(f"--policy {path!r} did not build a torch.nn.Module")

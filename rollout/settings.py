@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any, Literal, TypeVar
 
-from rollout.errors import ConfigError
+from hetrl.rollout.errors import ConfigError
 
 T = TypeVar("T")
 

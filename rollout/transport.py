@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from rollout.errors import ConfigError
+from hetrl.rollout.errors import ConfigError
 
 TOKEN_ENV = "HETRL_TOKEN"
 TLS_ENV = {"ca": "HETRL_TLS_CA", "cert": "HETRL_TLS_CERT", "key": "HETRL_TLS_KEY"}

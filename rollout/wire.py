@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from protos import hetrl_pb2
-from rollout.errors import WireFormatError
+from hetrl.protos import hetrl_pb2
+from hetrl.rollout.errors import WireFormatError
 
 # Kinds numpy may decode from a peer: bool, signed, unsigned, float, complex.
 _ALLOWED_KINDS = frozenset("biufc")

@@ -37,21 +37,21 @@ import torch
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from protos import hetrl_pb2, hetrl_pb2_grpc
-from rollout import fragments, wire
-from rollout.collector import Collector
-from rollout.envs import make_vector_env
-from rollout.errors import (
+from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout import fragments, wire
+from hetrl.rollout.collector import Collector
+from hetrl.rollout.envs import make_vector_env
+from hetrl.rollout.errors import (
     ConfigError,
     EnvUnhealthyError,
     HetrlError,
     NonFiniteError,
     WireFormatError,
 )
-from rollout.lifetime import die_with_parent
-from rollout.policy import Policy, load_policy_arrays
-from rollout.settings import WorkerSettings
-from rollout.transport import (
+from hetrl.rollout.lifetime import die_with_parent
+from hetrl.rollout.policy import Policy, load_policy_arrays
+from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.transport import (
     MAX_MESSAGE_BYTES,
     create_server,
     token_from_env,
@@ -404,9 +404,9 @@ def run_worker(settings: WorkerSettings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m rollout.worker SETTINGS_JSON`: the launcher's way to start a worker."""
+    """`python -m hetrl.rollout.worker SETTINGS_JSON`: the launcher's way to start a worker."""
     die_with_parent()  # first: no child outlives its launcher
-    from rollout.settings import from_json
+    from hetrl.rollout.settings import from_json
 
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -40,9 +40,9 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 def hetrl(*args: str, **kwargs) -> subprocess.Popen:
-    """Start the hetrl CLI (as `python -m launch`) from the repository root."""
+    """Start the hetrl CLI (as `python -m hetrl.launch`) from the repository root."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **kwargs.pop("env", {}))
     return subprocess.Popen(
-        [sys.executable, "-m", "launch", *args], cwd=ROOT, env=env,
+        [sys.executable, "-m", "hetrl.launch", *args], cwd=ROOT, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
     )

@@ -12,12 +12,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from launch.cluster import parse_host_map, resolve, settings_overrides
-from launch.env_host import HostControl
-from launch.settings import ClusterSettings
-from protos import hetrl_pb2, hetrl_pb2_grpc
-from rollout.errors import ConfigError
-from rollout.transport import auth_metadata, create_channel, create_server
+from hetrl.launch.cluster import parse_host_map, resolve, settings_overrides
+from hetrl.launch.env_host import HostControl
+from hetrl.launch.settings import ClusterSettings
+from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.transport import auth_metadata, create_channel, create_server
 from tests.helpers import ROOT
 
 DESIGN_EXAMPLE = {
@@ -44,7 +44,7 @@ def write_tree(base: Path, resource: dict, hyperparameters: dict) -> Path:
 def run_host(base: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, SAGEMAKER_BASE_DIR=str(base), HETRL_TOKEN="t",
                HETRL_HOST_MAP="algo-1=127.0.0.1,algo-2=127.0.0.2,algo-3=127.0.0.3")
-    return subprocess.run([sys.executable, "-m", "launch.host", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "hetrl.launch.host", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

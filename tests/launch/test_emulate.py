@@ -1,4 +1,4 @@
-"""An emulated heterogeneous job: every host is a real `python -m launch.host` process
+"""An emulated heterogeneous job: every host is a real `python -m hetrl.launch.host` process
 with its own SageMaker tree and loopback address, exactly as a real host would run."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.emulate import EmulateSettings, collect_result, run_emulated, start_hosts
-from launch.processes import stop_all
+from hetrl.launch.emulate import EmulateSettings, collect_result, run_emulated, start_hosts
+from hetrl.launch.processes import stop_all
 from tests.helpers import hetrl, wait_for
 
 

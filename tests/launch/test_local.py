@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from launch import run_local
-from rollout.errors import ConfigError, EnvError
-from rollout.policy import Policy, load_policy_arrays
-from rollout.settings import PolicySettings
+from hetrl.launch import run_local
+from hetrl.rollout.errors import ConfigError, EnvError
+from hetrl.rollout.policy import Policy, load_policy_arrays
+from hetrl.rollout.settings import PolicySettings
 from tests.fixtures.envs import GoLeft
 from tests.helpers import hetrl, processes_mentioning, wait_for
 
@@ -165,9 +165,9 @@ def test_no_worker_is_restarted_once_the_learner_is_finishing(tmp_path: Path) ->
     import sys
     import time
 
-    from launch.local import _watch
-    from launch.processes import spawn_command
-    from launch.settings import LocalSettings
+    from hetrl.launch.local import _watch
+    from hetrl.launch.processes import spawn_command
+    from hetrl.launch.settings import LocalSettings
 
     finishing = tmp_path / "learner.finishing"
 
@@ -188,3 +188,51 @@ def test_no_worker_is_restarted_once_the_learner_is_finishing(tmp_path: Path) ->
     assert restarted == []
     assert dying.exit_code() == 5 and deaf.exit_code() is not None
     assert time.monotonic() - started < 30
+
+
+def test_cli_imports_user_modules_from_cwd_and_user_folders_cannot_shadow_hetrl(
+    tmp_path: Path,
+) -> None:
+    """Run from a project with its own rollout/ and launch/ folders and an env module
+    next to them, through the installed `hetrl` script, with no PYTHONPATH."""
+    import os
+    import sys
+
+    project = tmp_path / "project"
+    for shadow in ("rollout", "launch", "learner", "protos"):
+        (project / shadow).mkdir(parents=True)
+        (project / shadow / "__init__.py").write_text("raise ImportError('the user s file')\n")
+    (project / "rollout" / "worker.py").write_text("raise SystemExit(0)\n")
+    (project / "my_pkg").mkdir()
+    (project / "my_pkg" / "__init__.py").write_text("")
+    (project / "my_pkg" / "envs.py").write_text(
+        "import gymnasium as gym\n"
+        "from gymnasium.envs.classic_control.cartpole import CartPoleEnv\n\n\n"
+        "class Corridor(CartPoleEnv):\n    pass\n")
+    script = Path(sys.executable).parent / "hetrl"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [str(script), "local", "--env", "my_pkg.envs:Corridor", "--workers", "1",
+         "--envs-per-worker", "2", "--fragment-length", "16", "--total-steps", "640",
+         "--no-progress", "--out", str(tmp_path / "run")],
+        cwd=project, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["env"] == "my_pkg.envs:Corridor" and summary["global_step"] >= 640
+
+    missing = subprocess.run(
+        [str(script), "local", "--env", "not_here.envs:Corridor", "--out",
+         str(tmp_path / "run2")], cwd=project, env=env, capture_output=True, text=True,
+        timeout=120)
+    assert missing.returncode == 2
+    assert "current directory" in missing.stderr and str(project) in missing.stderr
+
+
+def test_hetrl_is_one_importable_namespace() -> None:
+    import hetrl
+    from hetrl import RunResult, run_local
+    from hetrl.launch import run_local as launch_run_local
+
+    assert run_local is launch_run_local and RunResult.__name__ == "RunResult"
+    assert {"protos", "rollout", "learner", "launch"} <= {
+        p.name for p in Path(hetrl.__file__).parent.iterdir() if (p / "__init__.py").exists()}

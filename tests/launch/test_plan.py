@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import run_local
-from launch.plan import PlanSettings, measure_core_rate, plan_rows, run_plan
+from hetrl.launch import run_local
+from hetrl.launch.plan import PlanSettings, measure_core_rate, plan_rows, run_plan
 
 
 def test_rows_follow_the_arithmetic() -> None:

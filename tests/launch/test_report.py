@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from launch import run_local
-from launch.prices import cost_per_million_steps, load_prices
-from launch.report import Run, compare, write_report
-from learner.verdict import judge
-from rollout.errors import ConfigError
+from hetrl.launch import run_local
+from hetrl.launch.prices import cost_per_million_steps, load_prices
+from hetrl.launch.report import Run, compare, write_report
+from hetrl.learner.verdict import judge
+from hetrl.rollout.errors import ConfigError
 
 
 def test_judge_reads_the_wait_fractions() -> None:

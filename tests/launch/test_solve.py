@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import run_local
+from hetrl.launch import run_local
 
 
 @pytest.mark.slow

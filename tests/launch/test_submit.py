@@ -25,8 +25,8 @@ import tyro  # noqa: E402
 from botocore.stub import Stubber  # noqa: E402
 from botocore.validate import ParamValidator  # noqa: E402
 
-from launch.settings import ClusterSettings  # noqa: E402
-from launch.submit import (  # noqa: E402
+from hetrl.launch.settings import ClusterSettings  # noqa: E402
+from hetrl.launch.submit import (  # noqa: E402
     LAUNCHER,
     SubmitSettings,
     build_request,
@@ -35,8 +35,8 @@ from launch.submit import (  # noqa: E402
     run_submit,
     stage_code,
 )
-from rollout.errors import ConfigError  # noqa: E402
-from rollout.settings import pick  # noqa: E402
+from hetrl.rollout.errors import ConfigError  # noqa: E402
+from hetrl.rollout.settings import pick  # noqa: E402
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8-gpu-py312"
@@ -196,11 +196,13 @@ def test_staged_code_has_hetrl_the_user_code_requirements_and_entry(tmp_path):
     stage_code(example(source_dir=str(user), requirements="reqs.txt"), staged)
 
     for package in ("protos", "rollout", "learner", "launch"):
-        assert (staged / package / "__init__.py").is_file()
-    assert (staged / "protos" / "hetrl.proto").is_file()
+        assert (staged / "hetrl" / package / "__init__.py").is_file()
+    assert (staged / "hetrl" / "__init__.py").is_file()
+    assert (staged / "hetrl" / "protos" / "hetrl.proto").is_file()
+    assert not (staged / "hetrl" / "tests").exists() and not (staged / "hetrl" / "bench").exists()
     assert not list(staged.rglob("__pycache__"))
     assert (staged / "launcher.py").read_text() == (
-        "from launch.host import main\nraise SystemExit(main())\n") == LAUNCHER
+        "from hetrl.launch.host import main\nraise SystemExit(main())\n") == LAUNCHER
     assert (staged / "my_envs" / "__init__.py").is_file()
     lines = (staged / "requirements.txt").read_text().splitlines()
     names = [line.split("<")[0].split(">")[0].split("=")[0] for line in lines]
@@ -209,7 +211,7 @@ def test_staged_code_has_hetrl_the_user_code_requirements_and_entry(tmp_path):
     assert lines[-1] == "gymnasium[mujoco]>=1.0,<2"
 
 
-@pytest.mark.parametrize("name", ["launch", "launcher.py", "requirements.txt"])
+@pytest.mark.parametrize("name", ["hetrl", "launcher.py", "requirements.txt"])
 def test_user_code_may_not_shadow_hetrl(tmp_path, name):
     user = tmp_path / "user"
     user.mkdir()

@@ -10,14 +10,14 @@ import grpc
 import numpy as np
 import pytest
 
-from learner.connections import StreamFailure, StreamSpec, WorkerStream
-from protos import hetrl_pb2, hetrl_pb2_grpc
-from rollout import wire
-from rollout.errors import ProtocolError
-from rollout.policy import Policy, action_dtype, policy_arrays
-from rollout.settings import WorkerSettings
-from rollout.transport import auth_metadata, create_channel, create_server
-from rollout.worker import RolloutWorker, add_to_server
+from hetrl.learner.connections import StreamFailure, StreamSpec, WorkerStream
+from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout import wire
+from hetrl.rollout.errors import ProtocolError
+from hetrl.rollout.policy import Policy, action_dtype, policy_arrays
+from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.transport import auth_metadata, create_channel, create_server
+from hetrl.rollout.worker import RolloutWorker, add_to_server
 
 TOKEN = "test-token"
 

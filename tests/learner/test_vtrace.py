@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.vtrace import vtrace
+from hetrl.learner.vtrace import vtrace
 
 DTYPE = torch.float64
 

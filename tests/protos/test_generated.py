@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from protos import generate
+from hetrl.protos import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -13,9 +13,10 @@ def test_generated_code_matches_proto(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools")
     for fresh in generate.generate(tmp_path):
         committed = ROOT / "protos" / fresh.name
-        assert committed.exists(), f"{committed} is missing: run `python -m protos.generate`"
+        command = "python -m hetrl.protos.generate"
+        assert committed.exists(), f"{committed} is missing: run `{command}`"
         assert fresh.read_bytes() == committed.read_bytes(), (
-            f"{committed.name} is stale: run `python -m protos.generate` and commit the result"
+            f"{committed.name} is stale: run `{command}` and commit the result"
         )
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from launch.emulate import EmulatedCluster
-from rollout.transport import auth_metadata
+from hetrl.launch.emulate import EmulatedCluster
+from hetrl.rollout.transport import auth_metadata
 from tests.helpers import processes_mentioning
 
 

@@ -14,19 +14,19 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from learner.connections import WorkerStream, fan_in_bound
-from protos import hetrl_pb2, hetrl_pb2_grpc
-from rollout import wire
-from rollout.errors import ConfigError
-from rollout.settings import WorkerSettings
-from rollout.transport import (
+from hetrl.learner.connections import WorkerStream, fan_in_bound
+from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout import wire
+from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.transport import (
     DEFAULT_OPTIONS,
     TransportOptions,
     auth_metadata,
     create_channel,
     create_server,
 )
-from rollout.worker import RolloutWorker, add_to_server
+from hetrl.rollout.worker import RolloutWorker, add_to_server
 from tests.helpers import wait_for
 from tests.learner.test_stream import make_spec, weights_message
 

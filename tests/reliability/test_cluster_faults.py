@@ -1,5 +1,5 @@
 """Faults 4, 5, 6 and 8 on an emulated heterogeneous cluster: every host is a real
-`python -m launch.host` process with its own SageMaker tree and loopback address. An env
+`python -m hetrl.launch.host` process with its own SageMaker tree and loopback address. An env
 host frozen with SIGSTOP (host and workers), the learner host SIGKILLed and started
 again on its tree, hosts started late both ways, SIGTERM to one host at a time, and the
 env host's health service around a worker restart. Each test prints what it measured;
@@ -19,8 +19,8 @@ import grpc
 import pytest
 import torch
 
-from launch.cluster import HOST_MAP_ENV
-from launch.emulate import (
+from hetrl.launch.cluster import HOST_MAP_ENV
+from hetrl.launch.emulate import (
     EmulatedCluster,
     EmulateSettings,
     collect_result,
@@ -28,8 +28,8 @@ from launch.emulate import (
     start_host,
     start_hosts,
 )
-from launch.processes import stop_all
-from learner.checkpoint import checkpoints
+from hetrl.launch.processes import stop_all
+from hetrl.learner.checkpoint import checkpoints
 from tests.helpers import wait_for
 from tests.reliability.cluster import (
     NOT_SERVING,

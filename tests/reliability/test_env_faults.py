@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from learner.vtrace import vtrace
-from rollout.collector import Collector
-from rollout.envs import make_vector_env
-from rollout.errors import EnvUnhealthyError, NonFiniteError
-from rollout.policy import Policy
-from rollout.settings import WorkerSettings
+from hetrl.learner.vtrace import vtrace
+from hetrl.rollout.collector import Collector
+from hetrl.rollout.envs import make_vector_env
+from hetrl.rollout.errors import EnvUnhealthyError, NonFiniteError
+from hetrl.rollout.policy import Policy
+from hetrl.rollout.settings import WorkerSettings
 from tests.reliability import envs as fault_envs
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.checkpoint import checkpoints
+from hetrl.learner.checkpoint import checkpoints
 from tests.helpers import processes_mentioning, wait_for
 from tests.reliability.test_process_faults import count, start, step, worker_pid
 

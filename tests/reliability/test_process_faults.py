@@ -20,7 +20,7 @@ def start(out: Path, *args: str, env: dict[str, str] | None = None):
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "launcher.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launch", "local", "--out", str(out), "--no-progress", *args],
+        [sys.executable, "-m", "hetrl.launch", "local", "--out", str(out), "--no-progress", *args],
         cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, out / "launcher.log"

@@ -13,12 +13,12 @@ import grpc
 import pytest
 import torch
 
-from learner.checkpoint import checkpoints, load_latest, save_checkpoint
-from learner.connections import WorkerStream
-from protos import hetrl_pb2_grpc
-from rollout.settings import WorkerSettings
-from rollout.transport import auth_metadata, create_server
-from rollout.worker import RolloutWorker, add_to_server
+from hetrl.learner.checkpoint import checkpoints, load_latest, save_checkpoint
+from hetrl.learner.connections import WorkerStream
+from hetrl.protos import hetrl_pb2_grpc
+from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.transport import auth_metadata, create_server
+from hetrl.rollout.worker import RolloutWorker, add_to_server
 from tests.learner.test_stream import make_spec, weights_message
 
 x509 = pytest.importorskip("cryptography.x509")

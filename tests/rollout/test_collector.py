@@ -17,9 +17,9 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers import TimeLimit
 
-from rollout.collector import Collector
-from rollout.policy import Policy
-from rollout.settings import PolicySettings
+from hetrl.rollout.collector import Collector
+from hetrl.rollout.policy import Policy
+from hetrl.rollout.settings import PolicySettings
 
 
 class CounterEnv(gym.Env):

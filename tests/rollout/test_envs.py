@@ -3,9 +3,9 @@
 import gymnasium as gym
 import pytest
 
-from rollout.envs import describe_env, make_vector_env
-from rollout.errors import ConfigError, EnvError
-from rollout.settings import EnvSettings
+from hetrl.rollout.envs import describe_env, make_vector_env
+from hetrl.rollout.errors import ConfigError, EnvError
+from hetrl.rollout.settings import EnvSettings
 
 
 def test_registered_id() -> None:
@@ -53,7 +53,7 @@ def test_bad_env_is_a_clear_error(env: str, match: str) -> None:
 
 
 def test_bad_env_import() -> None:
-    with pytest.raises(EnvError, match="failed to import"):
+    with pytest.raises(EnvError, match="--env-import: cannot import"):
         describe_env(EnvSettings(env="CartPole-v1", env_import=("no_such_pkg_xyz",)))
 
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from rollout import wire
-from rollout.errors import ConfigError, WireFormatError
-from rollout.policy import Policy, load_policy_arrays, policy_arrays
-from rollout.settings import PolicySettings
+from hetrl.rollout import wire
+from hetrl.rollout.errors import ConfigError, WireFormatError
+from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
+from hetrl.rollout.settings import PolicySettings
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 
@@ -84,7 +84,7 @@ def test_custom_module() -> None:
 
 
 def test_custom_module_errors() -> None:
-    with pytest.raises(ConfigError, match="cannot be imported"):
+    with pytest.raises(ConfigError, match="cannot import"):
         Policy(OBS, gym.spaces.Discrete(2), PolicySettings(policy="nope_mod:Net"))
     with pytest.raises(ConfigError, match="my_pkg.my_mod:MyNet"):
         PolicySettings(policy="just_a_name")

@@ -6,9 +6,9 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protos import hetrl_pb2
-from rollout import wire
-from rollout.errors import WireFormatError
+from hetrl.protos import hetrl_pb2
+from hetrl.rollout import wire
+from hetrl.rollout.errors import WireFormatError
 
 DTYPES = ["<f2", "<f4", "<f8", ">f4", ">f8", "|i1", "<i2", "<i4", "<i8", ">i4", "|u1", "<u2",
           "<u4", "<u8", "|b1", "<c8", "<c16"]
@@ -117,8 +117,8 @@ def test_random_bytes_never_crash_the_decoder(raw: bytes) -> None:
 
 
 def test_fragment_serialize_equals_the_protobuf_message() -> None:
-    from rollout.collector import FragmentArrays
-    from rollout.fragments import serialize, to_message
+    from hetrl.rollout.collector import FragmentArrays
+    from hetrl.rollout.fragments import serialize, to_message
 
     rng = np.random.default_rng(3)
     t_len, n = 5, 3
