@@ -28,7 +28,7 @@ setup: $(VENV)/.installed
 
 train: setup
 	$(VENV)/bin/hetrl local --env CartPole-v1 --workers 2 --envs-per-worker 8 \
-		--total-steps 300000 --seed 1 --out runs/cartpole
+		--total-steps 300000 --seed 1
 
 test: setup
 	$(VENV)/bin/ruff check .

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import tyro
@@ -15,6 +16,7 @@ from hetrl.launch.submit import SubmitSettings  # imports no SDK; it loads only 
 from hetrl.learner.settings import LearnerSettings
 from hetrl.rollout.errors import HetrlError
 from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.userpath import user_modules_importable
 
 
 def _local(settings: LocalSettings) -> int:
@@ -90,40 +92,43 @@ COMMANDS = {
 }
 
 
-def _user_modules_importable() -> None:
-    """Let `--env my_pkg.envs:Maze` import from the current directory, as `python -m`
-    does, but after hetrl's own modules and every installed package (the `hetrl` script,
-    unlike `python -m`, does not put the current directory on the path)."""
-    import os
-
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-
-
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:
+        # The reader went away (`hetrl local --help | head`): stop quietly, as shell tools
+        # do; stdout goes to /dev/null so the interpreter's final flush cannot complain.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool that met a closed pipe
+
+
+def _main(args: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args = sys.argv[1:] if argv is None else argv
-    _user_modules_importable()
+    user_modules_importable()  # --env my_pkg.envs:Maze from this folder, as python -m
     if args[:1] == ["launch"] and not {"-h", "--help"} & set(args):
         # Defaults come from the job's hyperparameters, so the host entry point parses.
         from hetrl.launch.host import main as host_main
 
         return host_main(args[1:])
-    try:
-        settings = tyro.extras.subcommand_cli_from_dict(
-            {name: cls for name, (cls, _) in COMMANDS.items()},
-            prog="hetrl",
-            description="Distributed RL: env workers on CPUs stream to a learner over gRPC.",
-            args=args,
-        )
-        for _, (cls, run) in COMMANDS.items():
-            if type(settings) is cls:
-                return run(settings)
-        raise AssertionError(f"no command for {type(settings).__name__}")
-    except HetrlError as exc:
-        print(f"hetrl: error: {exc}", file=sys.stderr)
-        return 2
+    if args[:1] and args[0] in COMMANDS:
+        # Parsed as its own program, so that tyro's hints say `hetrl local --help`.
+        name = args[0]
+        cls, run = COMMANDS[name]
+        try:
+            settings = tyro.cli(cls, args=args[1:], prog=f"hetrl {name}")
+            return run(settings)
+        except HetrlError as exc:
+            print(f"hetrl {name}: error: {exc}\n(hetrl {name} --help lists every flag)",
+                  file=sys.stderr)
+            return 2
+    tyro.extras.subcommand_cli_from_dict(  # no command yet: help, or an error naming them
+        {name: cls for name, (cls, _) in COMMANDS.items()},
+        prog="hetrl",
+        description="Distributed RL: env workers on CPUs stream to a learner over gRPC.",
+        args=args,
+    )
+    raise AssertionError("tyro returns only for a known command")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from hetrl.rollout.errors import ConfigError, HetrlError
 from hetrl.rollout.lifetime import die_with_parent
 from hetrl.rollout.settings import pick
 from hetrl.rollout.transport import token_from_env
+from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.host")
 
@@ -77,6 +78,7 @@ def _run_homogeneous(settings: ClusterSettings, cluster: ClusterView) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # first: no host process outlives whoever started it
+    user_modules_importable()  # after hetrl: the user's --env / --policy modules
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     argv = sys.argv[1:] if argv is None else argv

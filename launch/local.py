@@ -16,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from hetrl.launch.processes import (
     wait_ready_file,
 )
 from hetrl.launch.settings import LocalSettings
-from hetrl.learner.settings import LearnerSettings
+from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import ChildFailedError, ConfigError
 from hetrl.rollout.settings import WorkerSettings, pick
@@ -107,8 +109,8 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     elif overrides:
         settings = dataclasses.replace(settings, **overrides)
     describe_env(settings)  # fail here, before anything is spawned
-    out = Path(settings.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(settings)
+    settings = dataclasses.replace(settings, out=str(out))
     if settings.instance_type:  # what the report prices this machine as
         instances = [{"group": "local", "instance_type": settings.instance_type, "count": 1}]
         (out / "cluster.json").write_text(json.dumps({"instances": instances}))
@@ -120,6 +122,49 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return RunResult(code, out, summary)
+
+
+# What a directory holds when a hetrl run wrote it (--overwrite deletes nothing else).
+_RUN_MARKERS = ("settings.json", "summary.json", "metrics.jsonl", "model.safetensors", "launch")
+
+
+def prepare_out_dir(settings: LocalSettings) -> Path:
+    """The run's output directory, created and writable: --out, or a new one per run.
+
+    A directory that already holds files is refused unless --resume continues the run in
+    it or --overwrite deletes the previous run's outputs first (only if it holds a hetrl
+    run: hetrl deletes nothing else), so two runs never mix their metrics.
+
+    Raises:
+        ConfigError: the directory holds files and neither flag says what to do, or it
+            cannot be created or written.
+    """
+    out = Path(settings.out or default_run_dir(settings.env, settings.seed))
+    if settings.resume and settings.overwrite:
+        raise ConfigError("--resume continues the run in --out, --overwrite starts it again: "
+                          "give one of them")
+    if out.is_dir() and any(out.iterdir()):
+        is_run = any((out / name).exists() for name in _RUN_MARKERS)
+        if settings.overwrite and is_run:
+            log.info("--overwrite: deleting the previous run in %s", out)
+            shutil.rmtree(out)
+        elif settings.overwrite:
+            raise ConfigError(f"--out {out} holds files that no hetrl run wrote; hetrl will "
+                              "not delete them: choose another directory")
+        elif not settings.resume:
+            what = "a previous run" if is_run else "files"
+            raise ConfigError(
+                f"--out {out} already holds {what}: pass --resume to continue it, --overwrite "
+                "to start it again, or choose a new directory (without --out every run gets "
+                "its own, runs/<env>__seed<seed>__<date-time>)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create or write the output directory "
+                          f"({exc.strerror or exc}); choose a directory you can write") from exc
+    return out
 
 
 def _supervise(settings: LocalSettings, run_dir: Path) -> int:

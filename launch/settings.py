@@ -34,6 +34,9 @@ class LocalSettings(
     instance_type: str = ""
     """Instance type this machine stands for in the run report's cost figures
     (e.g. ml.g5.2xlarge); empty: no cost figures."""
+    overwrite: bool = False
+    """Start again in an --out that holds a previous hetrl run, deleting its outputs
+    (hetrl never deletes a directory that no run of its wrote)."""
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
