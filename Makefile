@@ -21,7 +21,7 @@ BENCH_ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,sagemaker,mujoco,atari,bench]'
+	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,sagemaker,mujoco,atari,bench,video]'
 	touch $@
 
 setup: $(VENV)/.installed

@@ -11,7 +11,7 @@ import tyro
 
 from hetrl.launch.emulate import EmulateSettings
 from hetrl.launch.plan import PlanSettings
-from hetrl.launch.settings import ClusterSettings, LocalSettings, ReportSettings
+from hetrl.launch.settings import ClusterSettings, EnjoySettings, LocalSettings, ReportSettings
 from hetrl.launch.submit import SubmitSettings  # imports no SDK; it loads only when used
 from hetrl.learner.settings import LearnerSettings
 from hetrl.rollout.errors import HetrlError
@@ -69,6 +69,21 @@ def _report(settings: ReportSettings) -> int:
     return 0
 
 
+def _enjoy(settings: EnjoySettings) -> int:
+    from hetrl.rollout.evaluate import evaluate, load_policy
+
+    trained = load_policy(settings.run)
+    mode = "deterministic" if settings.deterministic else "sampled"
+    print(f"hetrl enjoy: {trained.env.env}, {settings.episodes} episodes, {mode} actions",
+          file=sys.stderr)
+    result = evaluate(trained, settings.episodes, settings.deterministic, settings.seed,
+                      settings.video or None)
+    print(result.summary())
+    for video in result.videos:
+        print(f"video: {video}")
+    return 0
+
+
 def _plan(settings: PlanSettings) -> int:
     from hetrl.launch.plan import run_plan
 
@@ -86,6 +101,7 @@ COMMANDS = {
     "emulate": (EmulateSettings, _emulate),
     "submit": (SubmitSettings, _submit),
     "report": (ReportSettings, _report),
+    "enjoy": (EnjoySettings, _enjoy),
     "plan": (PlanSettings, _plan),
     "worker": (WorkerSettings, _worker),
     "learner": (LearnerSettings, _learner),

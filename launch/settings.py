@@ -119,3 +119,22 @@ class ReportSettings:
         require(len(self.runs) in (1, 2), "give one run directory, or two to compare")
         require(len(self.instance_type) <= len(self.runs),
                 "give at most one --instance-type per run")
+
+
+@dataclasses.dataclass
+class EnjoySettings:
+    """`hetrl enjoy RUN`: play a trained policy and print its returns (optionally film it)."""
+
+    run: Annotated[str, tyro.conf.Positional]
+    """A run directory (or its model.safetensors); the env and network come from the model."""
+    episodes: int = 10
+    """Whole episodes to play."""
+    deterministic: bool = False
+    """Take the most likely action (argmax, or the Gaussian's mean) instead of sampling."""
+    seed: int = 0
+    """Episode i is reset with seed + i."""
+    video: str = ""
+    """Record every episode as an mp4 into this directory (needs moviepy: hetrl[video])."""
+
+    def __post_init__(self) -> None:
+        require(self.episodes >= 1, f"--episodes must be >= 1, got {self.episodes}")

@@ -40,6 +40,7 @@ from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import HetrlError, NonFiniteError, ProtocolError, WorkerLostError
+from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.fragments import Fragment
 from hetrl.rollout.lifetime import die_with_parent
 from hetrl.rollout.policy import Policy, action_dtype, load_policy_arrays, policy_arrays
@@ -336,6 +337,7 @@ class Learner:
         arrays = policy_arrays(self.policy)
         tmp = self.out / "model.safetensors.tmp"
         save_file(arrays, str(tmp), metadata={
+            **model_metadata(self.settings),  # load_policy(run) needs nothing else
             "env": self.settings.env,
             "policy_version": str(self.version),
             "global_step": str(self.global_step),
