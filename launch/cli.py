@@ -3,18 +3,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import sys
+from pathlib import Path
+from typing import Any
 
 import tyro
 
+from hetrl.launch.cluster import settings_overrides
 from hetrl.launch.emulate import EmulateSettings
 from hetrl.launch.plan import PlanSettings
 from hetrl.launch.settings import ClusterSettings, EnjoySettings, LocalSettings, ReportSettings
 from hetrl.launch.submit import SubmitSettings  # imports no SDK; it loads only when used
 from hetrl.learner.settings import LearnerSettings
-from hetrl.rollout.errors import HetrlError
+from hetrl.rollout.errors import ConfigError, HetrlError
 from hetrl.rollout.settings import WorkerSettings
 from hetrl.rollout.userpath import user_modules_importable
 
@@ -55,8 +60,6 @@ def _submit(settings: SubmitSettings) -> int:
 
 
 def _report(settings: ReportSettings) -> int:
-    from pathlib import Path
-
     from hetrl.launch.report import compare, write_report
 
     types = list(settings.instance_type) + [""] * (2 - len(settings.instance_type))
@@ -95,6 +98,8 @@ def _launch(settings: ClusterSettings) -> int:  # dispatched in main(), see ther
     raise AssertionError("hetrl launch is dispatched by launch.host.main")
 
 
+ROLE_SETTINGS = (LocalSettings, ClusterSettings, LearnerSettings, WorkerSettings)
+
 COMMANDS = {
     "local": (LocalSettings, _local),
     "launch": (ClusterSettings, _launch),
@@ -119,6 +124,54 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for a tool that met a closed pipe
 
 
+CONFIG_HELP = ("--config FILE: settings from a JSON or YAML file (a previous run's "
+               "settings.json works as is); flags on the command line override it.")
+
+
+def _split_config(args: list[str]) -> tuple[str, list[str]]:
+    """Take `--config FILE` (or `--config=FILE`) out of the arguments."""
+    for i, arg in enumerate(args):
+        if arg == "--config":
+            if i + 1 >= len(args):
+                raise ConfigError("--config needs a file")
+            return args[i + 1], args[:i] + args[i + 2:]
+        if arg.startswith("--config="):
+            return arg.partition("=")[2], args[:i] + args[i + 1:]
+    return "", args
+
+
+def config_values(path: str, cls: type) -> dict[str, Any]:
+    """Field values of `cls` from a JSON or YAML settings file.
+
+    Settings of other hetrl roles that `cls` lacks (a run's settings.json holds the
+    learner's, e.g. worker_addresses) are skipped, and so is the `out` of the run the
+    file belongs to, so a new run never writes into it.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, or names an unknown setting.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text()
+        if file.suffix in (".yaml", ".yml"):
+            import yaml
+
+            values = yaml.safe_load(text) or {}
+        else:
+            values = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--config {path}: cannot read it ({exc})") from exc
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of setting: value")
+    own = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for c in ROLE_SETTINGS for f in dataclasses.fields(c)}
+    if values.get("out") and Path(values["out"]).resolve() == file.parent.resolve():
+        values.pop("out")  # the previous run's own directory
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    values = {k: v for k, v in values.items() if k in own or k not in known}
+    return settings_overrides(values, cls)
+
+
 def _main(args: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     user_modules_importable()  # --env my_pkg.envs:Maze from this folder, as python -m
@@ -132,7 +185,10 @@ def _main(args: list[str]) -> int:
         name = args[0]
         cls, run = COMMANDS[name]
         try:
-            settings = tyro.cli(cls, args=args[1:], prog=f"hetrl {name}")
+            config, rest = _split_config(args[1:])
+            default = cls(**config_values(config, cls)) if config else None
+            settings = tyro.cli(cls, args=rest, prog=f"hetrl {name}", default=default,
+                                description=f"{cls.__doc__}\n\n{CONFIG_HELP}")
             return run(settings)
         except HetrlError as exc:
             print(f"hetrl {name}: error: {exc}\n(hetrl {name} --help lists every flag)",

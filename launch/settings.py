@@ -19,11 +19,8 @@ from hetrl.rollout.settings import (
 
 
 @dataclasses.dataclass
-class LocalSettings(
-    EnvSettings, PolicySettings, RolloutSettings, TrainSettings, CheckpointSettings, OutputSettings,
-    ReliabilitySettings,
-):
-    """`hetrl local`: rollout workers and a learner as separate processes on this machine."""
+class LocalRunSettings:
+    """How many workers a local run starts, and how it supervises them."""
 
     workers: int = 2
     """Rollout worker processes (one per spare core is a good start)."""
@@ -42,6 +39,20 @@ class LocalSettings(
         require(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
         require(self.startup_timeout > 0, "--startup-timeout must be > 0")
         require(self.shutdown_grace > 0, "--shutdown-grace must be > 0")
+        _chain_post_init(self, LocalRunSettings)
+
+
+# Bases in reverse of the order their flags are listed (a dataclass collects the last
+# base's fields first): the env and the run first, then the algorithm, the rollout,
+# checkpoints and outputs, and the fault and transport settings last.
+@dataclasses.dataclass
+class LocalSettings(
+    ReliabilitySettings, OutputSettings, CheckpointSettings, RolloutSettings, TrainSettings,
+    PolicySettings, LocalRunSettings, EnvSettings,
+):
+    """`hetrl local`: rollout workers and a learner as separate processes on this machine."""
+
+    def __post_init__(self) -> None:
         _chain_post_init(self, LocalSettings)
 
 

@@ -3,6 +3,7 @@ Nothing here trains; every refusal happens before a process is spawned."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -79,3 +80,31 @@ def test_hints_name_the_commands_own_help() -> None:
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2
     assert "hetrl local --help" in output, output
+
+
+def test_config_file_sets_defaults_and_flags_override(tmp_path: Path) -> None:
+    from hetrl.launch.cli import config_values
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "settings.json").write_text(json.dumps({  # as a learner writes it
+        "env": "Pendulum-v1", "hidden_sizes": [32, 32], "gamma": 0.9, "out": str(run),
+        "worker_addresses": ["127.0.0.1:1"], "finishing_file": "x"}))
+    values = config_values(str(run / "settings.json"), LocalSettings)
+    assert values == {"env": "Pendulum-v1", "hidden_sizes": (32, 32), "gamma": 0.9}
+    (tmp_path / "c.yaml").write_text("env: Acrobot-v1\nlearning-rate: 3.0e-4\nanneal_lr: false\n")
+    assert config_values(str(tmp_path / "c.yaml"), LocalSettings) == {
+        "env": "Acrobot-v1", "learning_rate": 3e-4, "anneal_lr": False}
+    (tmp_path / "bad.yaml").write_text("learning_rat: 0.1\n")
+    with pytest.raises(ConfigError, match="did you mean learning_rate"):
+        config_values(str(tmp_path / "bad.yaml"), LocalSettings)
+
+    # Through the CLI: the file's values become the defaults, a flag overrides one.
+    proc = hetrl("local", "--config", str(tmp_path / "c.yaml"), "--env", "CartPole-v1",
+                 "--help")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    assert "0.0003" in output and "--config FILE" in output
+    proc = hetrl("local", "--config", str(tmp_path / "bad.yaml"))
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "did you mean learning_rate" in output, output
