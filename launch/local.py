@@ -63,6 +63,16 @@ class RunResult:
     def model_path(self) -> Path:
         return self.out / "model.safetensors"
 
+    def policy(self):
+        """The trained policy, ready to act (hetrl.rollout.evaluate.TrainedPolicy).
+
+        Raises:
+            ConfigError: the run saved no model.
+        """
+        from hetrl.rollout.evaluate import load_policy
+
+        return load_policy(self.out)
+
 
 class _Interrupted(Exception):
     def __init__(self, signum: int) -> None:
@@ -88,12 +98,14 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     """Train locally: workers and a learner as separate processes over loopback gRPC.
 
     Args:
-        settings: a LocalSettings; or leave it out and pass its fields as keywords,
-            e.g. run_local(env="my_pkg.envs:Maze", workers=2, total_steps=100_000).
+        settings: a LocalSettings (typed, and completed by an editor); or leave it out and
+            pass its fields as keywords, e.g. run_local(env="my_pkg.envs:Maze", workers=2,
+            total_steps=100_000); a mistyped keyword gets a "did you mean".
             `env` may also be the env class itself if it lives in an importable module.
 
     Returns:
-        RunResult with the exit code, the output directory and the learner's summary.
+        RunResult with the exit code, the output directory, the learner's summary, and
+        `policy()` for the trained policy.
 
     Raises:
         ConfigError, EnvError: bad settings or an env that cannot be made, before any
@@ -101,11 +113,9 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     """
     if "env" in overrides:
         overrides["env"] = _env_name(overrides["env"])
+    _check_keywords(overrides)
     if settings is None:
-        try:
-            settings = LocalSettings(**overrides)
-        except TypeError as exc:
-            raise ConfigError(f"run_local: {exc}") from exc
+        settings = LocalSettings(**overrides)
     elif overrides:
         settings = dataclasses.replace(settings, **overrides)
     describe_env(settings)  # fail here, before anything is spawned
@@ -165,6 +175,19 @@ def prepare_out_dir(settings: LocalSettings) -> Path:
         raise ConfigError(f"--out {out}: cannot create or write the output directory "
                           f"({exc.strerror or exc}); choose a directory you can write") from exc
     return out
+
+
+def _check_keywords(overrides: dict[str, Any]) -> None:
+    """Refuse keywords that are not LocalSettings fields, naming the nearest ones."""
+    import difflib
+
+    names = sorted(f.name for f in dataclasses.fields(LocalSettings))
+    for key in overrides:
+        if key not in names:
+            near = difflib.get_close_matches(key, names, n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise ConfigError(f"run_local: unknown setting {key!r}{hint} (LocalSettings "
+                              "lists them all)")
 
 
 def _supervise(settings: LocalSettings, run_dir: Path) -> int:

@@ -19,7 +19,15 @@ def small_run(tmp_path_factory) -> Path:
                        total_steps=4096, hidden_sizes=(32, 16), activation="relu",
                        progress=False, out=str(out))
     assert result.ok, result.summary
+    assert result.policy().settings.hidden_sizes == (32, 16)  # the result hands it back
     return out
+
+
+def test_a_mistyped_keyword_is_named_with_the_nearest_settings() -> None:
+    from hetrl.rollout.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'total_step'; did you mean total_steps"):
+        run_local(env="CartPole-v1", total_step=1000)
 
 
 def test_load_policy_needs_no_flags_and_acts_on_one_or_many(small_run: Path) -> None:
