@@ -68,7 +68,7 @@ def _report(settings: ReportSettings) -> int:
         print(f"report: {write_report(Path(run), kind, prices)}")
     if len(settings.runs) == 2:
         print(compare(Path(settings.runs[0]), Path(settings.runs[1]), types[0], types[1],
-                      prices))
+                      prices, settings.target_return))
     return 0
 
 

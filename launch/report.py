@@ -71,18 +71,33 @@ def price_of(run: Run, prices: PriceTable, instance_type: str = "") -> float | N
     return sum(prices.get(t).price_per_hour * n for _, t, n in parts)
 
 
+def human(value: float, _position: object = None) -> str:
+    """A tick label people read at a glance: 100k, 1.5M, 250."""
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
 def _plots(run: Run, out: Path) -> list[tuple[str, str]]:
     """Draw the run's plots; return (title, file name) pairs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     drawn = []
     recs = run.records
     steps = [r["global_step"] for r in recs]
+    env = run.summary.get("env", "")
 
     def save(fig, name: str, title: str) -> None:
+        for ax in fig.axes:
+            if ax.get_xlabel() == "env steps":
+                ax.xaxis.set_major_formatter(FuncFormatter(human))
+            ax.yaxis.set_major_formatter(FuncFormatter(human))
+        fig.suptitle(f"{title}: {env}", fontsize=10)
         fig.tight_layout()
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
@@ -106,7 +121,7 @@ def _plots(run: Run, out: Path) -> list[tuple[str, str]]:
         ax.set_ylabel("env steps / s")
         ax.grid(alpha=0.3)
         save(fig, "steps_per_second.png", "Throughput")
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig, ax = plt.subplots(figsize=(8, 3.5))
         for key, label in (("utilisation/learner_busy_fraction", "learner busy"),
                            ("utilisation/worker_busy_fraction", "workers busy"),
                            ("utilisation/host_cpu_percent", "learner host CPU / 100"),
@@ -122,7 +137,7 @@ def _plots(run: Run, out: Path) -> list[tuple[str, str]]:
         ax.set_ylim(0, 1.05)
         ax.set_xlabel("env steps")
         ax.set_ylabel("fraction busy")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never on a line
         ax.grid(alpha=0.3)
         save(fig, "utilisation.png", "Utilisation per group")
     lags = run.summary.get("policy_lag_histogram") or {}
@@ -207,9 +222,36 @@ def try_write_report(path: Path, instance_type: str = "") -> Path | None:
     return report
 
 
+# Settings that differ between any two runs without changing what they compare.
+_INCIDENTAL = {"out", "checkpoint_dir", "finishing_file", "worker_addresses", "progress",
+               "instance_type", "resume", "overwrite"}
+
+
+def settings_differences(a: Run, b: Run) -> list[str]:
+    """`name: A -> B` for each setting (but paths and the like) that differs."""
+    def read(run: Run) -> dict[str, Any]:
+        path = run.path / "settings.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    sa, sb = read(a), read(b)
+    return [f"{k}: {sa.get(k)!r} -> {sb.get(k)!r}" for k in sorted(set(sa) | set(sb))
+            if k not in _INCIDENTAL and sa.get(k) != sb.get(k)]
+
+
+def seconds_to_return(run: Run, target: float) -> float | None:
+    """Wall seconds until the mean return of the last 100 episodes first reached
+    `target`, or None if it never did."""
+    for record in run.records:
+        if record.get("charts/mean_return_100", float("-inf")) >= target:
+            return float(record["wall_seconds"])
+    return None
+
+
 def compare(path_a: Path, path_b: Path, type_a: str = "", type_b: str = "",
-            prices_file: str | None = None) -> str:
-    """A markdown table comparing two runs' price performance (B against A)."""
+            prices_file: str | None = None, target_return: float | None = None) -> str:
+    """A markdown table comparing two runs' price performance (B against A), with the
+    cost to reach `target_return` when given, and a warning when the runs differ in
+    more than their instances (then the comparison is not only of the hardware)."""
     prices = load_prices(prices_file)
     runs = [Run(path_a), Run(path_b)]
     price = [price_of(r, prices, t) for r, t in zip(runs, (type_a, type_b), strict=True)]
@@ -221,7 +263,19 @@ def compare(path_a: Path, path_b: Path, type_a: str = "", type_b: str = "",
     desc = [" + ".join(f"{n} x {t}" for _, t, n in r.instances(t0))
             for r, t0 in zip(runs, (type_a, type_b), strict=True)]
     gain = (1 - per_m[1] / per_m[0]) * 100 if per_m[0] > 0 else float("nan")
+    reach = []
+    if target_return is not None:
+        cells = []
+        for run, p in zip(runs, price, strict=True):
+            seconds = seconds_to_return(run, target_return)
+            cells.append("not reached" if seconds is None
+                         else f"${p * seconds / 3600:.4f} ({seconds:.0f} s)")
+        reach = [f"| cost to reach mean return {target_return:g} | {cells[0]} | {cells[1]} |"]
+    differ = settings_differences(*runs)
+    warning = ([f"Warning: the runs differ in more than their instances ({'; '.join(differ)})"
+                ": the comparison is not of the hardware alone.", ""] if differ else [])
     return "\n".join([
+        *warning,
         "| | A | B |",
         "|---|---|---|",
         f"| run | `{runs[0].path}` | `{runs[1].path}` |",
@@ -231,6 +285,7 @@ def compare(path_a: Path, path_b: Path, type_a: str = "", type_b: str = "",
         f"| seconds per million env steps | {1e6 / rate[0]:.1f} | {1e6 / rate[1]:.1f} |",
         f"| cost per million env steps | ${per_m[0]:.4f} | ${per_m[1]:.4f} |",
         f"| improvement of B over A (cost per step) | | {gain:+.1f}% |",
+        *reach,
         f"| verdict | {runs[0].summary.get('verdict', '-')} | "
         f"{runs[1].summary.get('verdict', '-')} |",
     ])

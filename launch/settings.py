@@ -125,6 +125,8 @@ class ReportSettings:
     record their own)."""
     prices: str = ""
     """A JSON price file overriding the shipped table (same format as launch/prices.json)."""
+    target_return: float | None = None
+    """Comparing two runs: also show what each paid until its mean return first reached this."""
 
     def __post_init__(self) -> None:
         require(len(self.runs) in (1, 2), "give one run directory, or two to compare")

@@ -76,9 +76,22 @@ def test_learner_bound_and_experience_bound_runs(tmp_path: Path) -> None:
             if png == "learning_curve.png" and "charts/mean_return_100" not in str(run.records):
                 continue
             assert (run.path / "report" / png).stat().st_size > 1000, png
-    table = compare(bound.path, starved.path)
+    table = compare(bound.path, starved.path, target_return=1e9)
     assert "cost per million env steps" in table and "improvement of B over A" in table
     assert "learner-bound" in table and "experience-bound" in table
+    # Different envs and algorithms: not a comparison of hardware alone, and it says so.
+    assert "Warning: the runs differ in more than their instances" in table
+    assert "env: 'CartPole-v1' -> 'tests.fixtures.envs:SlowStep'" in table
+    assert "| cost to reach mean return 1e+09 | not reached | not reached |" in table
+    same = compare(bound.path, bound.path, target_return=0.0)
+    assert "Warning" not in same and "cost to reach mean return 0 | $" in same
+
+
+def test_tick_labels_read_at_a_glance() -> None:
+    from hetrl.launch.report import human
+
+    assert [human(v) for v in (250, 75_000, 100_000, 1_500_000, 0.5)] == [
+        "250", "75k", "100k", "1.5M", "0.5"]
 
 
 def test_report_without_instance_type_says_how_to_price(tmp_path: Path) -> None:
