@@ -39,7 +39,7 @@ from hetrl.launch.settings import LocalSettings
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import ChildFailedError, ConfigError
-from hetrl.rollout.settings import WorkerSettings, pick
+from hetrl.rollout.settings import EvaluatorSettings, WorkerSettings, pick
 from hetrl.rollout.transport import new_token
 
 log = logging.getLogger("hetrl.launch")
@@ -177,6 +177,15 @@ def prepare_out_dir(settings: LocalSettings) -> Path:
     return out
 
 
+def _finish_evaluations(evaluator: Child, folder: Path, timeout: float) -> None:
+    """Give the evaluator up to `timeout` s to play the learner's final snapshot, so the
+    report shows how the final policy does; then it is stopped like every child."""
+    deadline = time.monotonic() + timeout
+    while (time.monotonic() < deadline and evaluator.exit_code() is None
+           and any(folder.glob("step-*.safetensors"))):
+        time.sleep(0.1)
+
+
 def _check_keywords(overrides: dict[str, Any]) -> None:
     """Refuse keywords that are not LocalSettings fields, naming the nearest ones."""
     import difflib
@@ -193,6 +202,7 @@ def _check_keywords(overrides: dict[str, Any]) -> None:
 def _supervise(settings: LocalSettings, run_dir: Path) -> int:
     env = child_environment(new_token())
     children: list[Child] = []
+    evaluator: Child | None = None
 
     def on_signal(signum, _frame):
         raise _Interrupted(signum)
@@ -221,6 +231,10 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
         learner = spawn("learner", "hetrl.learner.learner", learner_settings, run_dir, env,
                         log_to_file=False)
         children.append(learner)
+        if settings.eval_every:  # beside the run, never supervised as a worker
+            evaluator = spawn("evaluator", "hetrl.rollout.evaluate", EvaluatorSettings(
+                eval_dir=str(Path(settings.out) / "eval"),
+                eval_episodes=settings.eval_episodes, seed=settings.seed), run_dir, env)
 
         def restart(i: int) -> Child:
             port = int(addresses[i].rsplit(":", 1)[1])
@@ -228,7 +242,10 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
                           ready_file="")
             return spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env)
 
-        return _watch(children, learner, settings, restart, finishing)
+        code = _watch(children, learner, settings, restart, finishing)
+        if evaluator is not None and code == EXIT_OK:
+            _finish_evaluations(evaluator, Path(settings.out) / "eval", settings.shutdown_grace)
+        return code
     except _Interrupted as exc:
         print(f"\nhetrl: {exc} received; stopping all processes", file=sys.stderr)
         stop_all(children, settings.shutdown_grace)
@@ -243,6 +260,8 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
         return EXIT_ERROR
     finally:
         stop_all(children, settings.shutdown_grace)  # no-op when all have exited
+        if evaluator is not None:
+            stop_all([evaluator], settings.shutdown_grace)
         if in_main:
             for s, handler in previous.items():
                 signal.signal(s, handler)

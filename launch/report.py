@@ -58,9 +58,25 @@ class Run:
             return [(g["group"], g["instance_type"], int(g["count"])) for g in groups]
         return [("local", instance_type, 1)] if instance_type else []
 
+    def evaluations(self) -> list[dict[str, Any]]:
+        """Periodic evaluations (eval/results.jsonl), in step order."""
+        path = self.path / "eval" / "results.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return sorted((json.loads(line) for line in lines if line.strip()),
+                      key=lambda e: e["global_step"])
+
     def mean(self, key: str) -> float | None:
         values = [r[key] for r in self.records if key in r]
         return sum(values) / len(values) if values else None
+
+
+def _last_eval(run: Run) -> str:
+    evals = run.evaluations()
+    if not evals:
+        return "none (--eval-every)"
+    last = evals[-1]
+    return (f"{last['eval_return']:.2f} ± {last['eval_return_std']:.2f} at step "
+            f"{last['global_step']:,} ({last.get('episodes', '?')} episodes)")
 
 
 def price_of(run: Run, prices: PriceTable, instance_type: str = "") -> float | None:
@@ -104,15 +120,22 @@ def _plots(run: Run, out: Path) -> list[tuple[str, str]]:
         drawn.append((title, name))
 
     with_return = [r for r in recs if "charts/mean_return_100" in r]
-    if with_return:
+    evals = run.evaluations()
+    if with_return or evals:
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
         for ax, key, label in ((axes[0], "global_step", "env steps"),
                                (axes[1], "wall_seconds", "wall seconds")):
             ax.plot([r[key] for r in with_return],
-                    [r["charts/mean_return_100"] for r in with_return])
+                    [r["charts/mean_return_100"] for r in with_return],
+                    label="training (mean of last 100 episodes)")
             ax.set_xlabel(label)
-            ax.set_ylabel("mean return (last 100 episodes)")
+            ax.set_ylabel("return")
             ax.grid(alpha=0.3)
+        if evals:
+            axes[0].errorbar([e["global_step"] for e in evals], [e["eval_return"] for e in evals],
+                             yerr=[e["eval_return_std"] for e in evals], fmt="o-", capsize=3,
+                             label="evaluation (deterministic)")
+        axes[0].legend(fontsize=7, loc="best")
         save(fig, "learning_curve.png", "Learning curve")
     if recs:
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -164,6 +187,7 @@ def write_report(path: Path, instance_type: str = "", prices_file: str | None = 
         ("wall seconds", f"{run.wall:.1f}"),
         ("env steps / s", f"{run.steps_per_second:,.0f}"),
         ("mean return (last 100 episodes)", s.get("mean_return_100")),
+        ("evaluation return at the end (deterministic)", _last_eval(run)),
         ("workers / env hosts", f"{len(s.get('workers', []))} / "
                                 f"{len({w.rsplit(':', 1)[0] for w in s.get('workers', [])})}"),
         ("fragments dropped for lag / malformed / lost", f"{s.get('fragments_dropped_lag', 0)}"

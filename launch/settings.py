@@ -7,7 +7,12 @@ from typing import Annotated
 
 import tyro
 
-from hetrl.learner.settings import CheckpointSettings, OutputSettings, TrainSettings
+from hetrl.learner.settings import (
+    CheckpointSettings,
+    EvalSettings,
+    OutputSettings,
+    TrainSettings,
+)
 from hetrl.rollout.settings import (
     EnvSettings,
     PolicySettings,
@@ -47,8 +52,8 @@ class LocalRunSettings:
 # checkpoints and outputs, and the fault and transport settings last.
 @dataclasses.dataclass
 class LocalSettings(
-    ReliabilitySettings, OutputSettings, CheckpointSettings, RolloutSettings, TrainSettings,
-    PolicySettings, LocalRunSettings, EnvSettings,
+    ReliabilitySettings, OutputSettings, CheckpointSettings, EvalSettings, RolloutSettings,
+    TrainSettings, PolicySettings, LocalRunSettings, EnvSettings,
 ):
     """`hetrl local`: rollout workers and a learner as separate processes on this machine."""
 

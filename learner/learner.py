@@ -31,6 +31,7 @@ from hetrl.learner.connections import (
     fan_in_bound,
     stream_counters,
 )
+from hetrl.learner.evaluation import PeriodicEval
 from hetrl.learner.metrics import MetricsWriter
 from hetrl.learner.ppo import Batch, ppo_update
 from hetrl.learner.settings import LearnerSettings, default_run_dir
@@ -114,6 +115,7 @@ class Learner:
         self.extra_metrics: Callable[[], dict[str, float]] | None = None
         self._stop_reason: str | None = None
         self.updates_nonfinite = 0
+        self.evals = PeriodicEval(self.out, settings.eval_every, settings)
 
     def _resume(self) -> None:
         found = load_latest(self.checkpoint_dir)
@@ -179,6 +181,8 @@ class Learner:
                 Path(s.finishing_file).touch()
             self._stop_workers(outcome)
             self._save(outcome, metrics)
+            self.evals.final(self.policy, self.global_step)
+            self.evals.forward(metrics)
             metrics.close()
         return code
 
@@ -298,6 +302,7 @@ class Learner:
         if self.recent_returns:
             stats["charts/mean_return_100"] = float(np.mean(self.recent_returns))
         metrics.log(self.global_step, stats)
+        self.evals.after_update(self.policy, self.global_step, metrics)
         metrics.progress(self._progress_line(stats))
 
     def _reject_nonfinite_update(self) -> None:

@@ -116,8 +116,24 @@ class CheckpointSettings:
 
 
 @dataclasses.dataclass
+class EvalSettings:
+    """Periodic evaluation during training, by a separate process on spare CPU."""
+
+    eval_every: int = 0
+    """Env steps between evaluations of the current policy (deterministic actions, a fresh
+    env), logged as charts/eval_return; 0: none."""
+    eval_episodes: int = 10
+    """Whole episodes per evaluation."""
+
+    def __post_init__(self) -> None:
+        require(self.eval_every >= 0, "--eval-every must be >= 0 (0: no evaluation)")
+        require(self.eval_episodes >= 1, "--eval-episodes must be >= 1")
+        _chain_post_init(self, EvalSettings)
+
+
+@dataclasses.dataclass
 class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSettings,
-                      OutputSettings, ReliabilitySettings):
+                      OutputSettings, ReliabilitySettings, EvalSettings):
     """The learner process: connects to workers and trains."""
 
     worker_addresses: tuple[str, ...] = ()

@@ -1,4 +1,5 @@
-"""A trained policy, loaded from a run by itself, and episodes played with it.
+"""A trained policy, loaded from a run by itself, and episodes played with it; and the
+evaluator process that plays the learner's periodic snapshots.
 
 `load_policy(run)` reads `model.safetensors` and the env and policy settings that travel
 in its metadata (or, for older runs, the run's settings.json), rebuilds the network
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +23,18 @@ import numpy as np
 import torch
 
 from hetrl.rollout.envs import describe_env, env_spec
-from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.lifetime import die_with_parent
 from hetrl.rollout.policy import Policy, load_policy_arrays
-from hetrl.rollout.settings import EnvSettings, PolicySettings
+from hetrl.rollout.settings import EnvSettings, EvaluatorSettings, PolicySettings
+from hetrl.rollout.userpath import user_modules_importable
+
+log = logging.getLogger("hetrl.evaluate")
 
 MODEL_FILE = "model.safetensors"
 SETTINGS_KEY = "settings"  # safetensors metadata: the env and policy settings, as JSON
+SNAPSHOT_GLOB = "step-*.safetensors"  # periodic evaluation: what the learner leaves
+RESULTS_FILE = "results.jsonl"  # and what the evaluator appends, one line per evaluation
 
 
 def model_metadata(settings: object) -> dict[str, str]:
@@ -206,3 +215,63 @@ def _make_env(settings: EnvSettings, frames: bool) -> gym.Env:
         env.close()
         raise ConfigError(f"{settings.env} cannot render rgb_array frames; no video")
     return env
+
+
+def run_evaluator(settings: EvaluatorSettings, stop: threading.Event | None = None) -> int:
+    """Evaluate each new snapshot in settings.eval_dir (the newest only, when several
+    wait: a slow evaluation never builds a backlog), deterministically, and append the
+    result to results.jsonl there; until `stop` is set or the process is signalled."""
+    stop = stop or threading.Event()
+    folder = Path(settings.eval_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    while not stop.is_set():
+        snapshots = sorted(folder.glob(SNAPSHOT_GLOB))
+        if not snapshots:
+            stop.wait(0.25)
+            continue
+        for skipped in snapshots[:-1]:
+            skipped.unlink(missing_ok=True)
+        newest = snapshots[-1]
+        trained = load_policy(newest)
+        result = evaluate(trained, settings.eval_episodes, deterministic=True,
+                          seed=settings.seed)
+        record = {"global_step": int(trained.metadata.get("global_step", 0)),
+                  "eval_return": result.mean_return, "eval_return_std": result.std_return,
+                  "eval_length": float(np.mean(result.lengths)),
+                  "episodes": len(result.returns)}
+        with (folder / RESULTS_FILE).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        newest.unlink(missing_ok=True)
+        log.info("evaluated step %d: %s", record["global_step"], result.summary())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hetrl.rollout.evaluate SETTINGS_JSON`: the launcher's evaluator."""
+    die_with_parent()  # first: no child outlives its launcher
+    user_modules_importable()
+    import signal
+    import sys
+
+    from hetrl.rollout.settings import from_json
+
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    torch.set_num_threads(1)
+    stop = threading.Event()
+
+    def on_signal(_signum, _frame):  # stop now, even mid-evaluation: results are per line
+        stop.set()
+        raise SystemExit(0)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    try:
+        return run_evaluator(from_json(EvaluatorSettings, Path(argv[0]).read_text()), stop)
+    except HetrlError as exc:
+        log.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

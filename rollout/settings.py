@@ -147,6 +147,23 @@ class WorkerSettings(EnvSettings, PolicySettings, RolloutSettings, ReliabilitySe
         _chain_post_init(self, WorkerSettings)
 
 
+@dataclasses.dataclass
+class EvaluatorSettings:
+    """The evaluator process: plays every new policy snapshot the learner leaves in
+    --eval-dir and appends the returns to results.jsonl there."""
+
+    eval_dir: str = ""
+    """Folder the learner writes snapshots into (<out>/eval)."""
+    eval_episodes: int = 10
+    """Whole episodes per evaluation."""
+    seed: int = 1
+    """Episode i of every evaluation is reset with seed + i (the same episodes each time)."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.eval_dir), "--eval-dir must name a folder")
+        require(self.eval_episodes >= 1, "--eval-episodes must be >= 1")
+
+
 def pick(cls: type[T], source: object, **overrides: Any) -> T:
     """Build settings `cls` from the same-named fields of `source`, then apply overrides."""
     values = {

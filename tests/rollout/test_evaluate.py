@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hetrl import evaluate, load_policy, run_local
-from tests.helpers import hetrl
+from tests.helpers import hetrl, processes_mentioning
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +70,18 @@ def test_enjoy_without_a_model_says_what_to_give(tmp_path: Path) -> None:
     proc = hetrl("enjoy", str(tmp_path))
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "no model.safetensors" in output, output
+
+
+def test_periodic_evaluation_runs_beside_training_and_reaches_the_report(tmp_path) -> None:
+    result = run_local(env="CartPole-v1", workers=1, envs_per_worker=4, fragment_length=32,
+                       total_steps=6144, eval_every=2048, eval_episodes=2, progress=False,
+                       out=str(tmp_path / "run"))
+    assert result.ok, result.summary
+    evals = [json.loads(line) for line in
+             (result.out / "eval" / "results.jsonl").read_text().splitlines()]
+    assert evals and evals[-1]["global_step"] >= 6144  # the final policy was evaluated
+    assert all(e["episodes"] == 2 and e["eval_return"] >= 1 for e in evals)
+    assert not list((result.out / "eval").glob("step-*.safetensors"))
+    report = (result.out / "report" / "report.md").read_text()
+    assert "evaluation return at the end (deterministic)" in report
+    assert processes_mentioning(str(result.out)) == []  # the evaluator stopped too
