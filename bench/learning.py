@@ -1,0 +1,155 @@
+"""Learning benchmark: MuJoCo against CleanRL's published PPO table at 1M env steps.
+
+Each (env, seed) is one `run_local` with hetrl's settings for that env (no per-env
+flags beyond `--extra`), 1M env steps by default. Reported per env: mean ± std over
+seeds of the final return (mean of the last 100 training episodes), the area under the
+learning curve (mean return over the run's steps, normalised by the steps: higher
+learns sooner), wall seconds and env steps/s, next to CleanRL's ppo_continuous_action
+figures (docs/benchmark/ppo_continuous_action.md at tag pr-424 of vwxyzjn/cleanrl; the
+v4 envs there, v5 here). A plot per env shows every seed's curve and the reference
+band. Run: `python -m bench.learning [--quick]` (the full form is 15 runs of a few
+minutes on 2 cores; --quick is HalfCheetah-v5, one seed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import statistics
+import time
+
+import tyro
+
+from bench import common
+from hetrl.launch import run_local
+
+# CleanRL ppo_continuous_action.py, 1M steps, mean ± std over its seeds (v4 envs).
+CLEANRL = {
+    "HalfCheetah-v5": (1442.64, 46.03),
+    "Walker2d-v5": (2287.95, 571.78),
+    "Hopper-v5": (2382.86, 271.74),
+    "InvertedPendulum-v5": (963.09, 22.20),
+    "Humanoid-v5": (716.11, 49.08),
+}
+
+
+@dataclasses.dataclass
+class Settings:
+    """hetrl's MuJoCo learning against CleanRL's published PPO."""
+
+    envs: tuple[str, ...] = tuple(CLEANRL)
+    """MuJoCo v5 ids to run."""
+    seeds: tuple[int, ...] = (1, 2, 3)
+    """Seeds per env (mean ± std over them)."""
+    total_steps: int = 1_000_000
+    """Env steps per run (CleanRL's table is at 1M)."""
+    workers: int = 2
+    """Worker processes per run (one per core here)."""
+    extra: tuple[str, ...] = ()
+    """Extra settings for every run as name=value (e.g. learning_rate=3e-4), for
+    investigations; the published figures use none."""
+    quick: bool = False
+    """HalfCheetah-v5 with seed 1 only."""
+
+
+def _overrides(extra: tuple[str, ...]) -> dict:
+    values = {}
+    for item in extra:
+        name, _, raw = item.partition("=")
+        values[name.replace("-", "_")] = json.loads(raw) if raw[:1] in "[{0123456789-." \
+            or raw in ("true", "false") else raw
+    return values
+
+
+def run_one(env: str, seed: int, s: Settings) -> dict:
+    out = common.RESULTS / "runs" / f"learning-{env}-seed{seed}"
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    result = run_local(env=env, seed=seed, workers=s.workers, total_steps=s.total_steps,
+                       out=str(out), progress=False, **_overrides(s.extra))
+    wall = time.perf_counter() - start
+    curve = [(r["global_step"], r["charts/mean_return_100"]) for r in
+             (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+             if "charts/mean_return_100" in r]
+    area = 0.0
+    for (s0, r0), (s1, r1) in zip(curve, curve[1:], strict=False):
+        area += (s1 - s0) * (r0 + r1) / 2
+    span = curve[-1][0] - curve[0][0] if len(curve) > 1 else 0
+    return {"env": env, "seed": seed, "ok": result.ok,
+            "final_return": result.summary.get("mean_return_100"),
+            "area_under_curve": area / span if span else None,
+            "wall_s": wall, "learner_wall_s": result.summary.get("wall_seconds"),
+            "steps_per_s": result.summary.get("global_step", 0) / max(
+                result.summary.get("wall_seconds") or 1e-9, 1e-9),
+            "curve": curve}
+
+
+def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    s = tyro.cli(Settings, args=argv, description=__doc__)
+    if s.quick:
+        s = dataclasses.replace(s, envs=("HalfCheetah-v5",), seeds=(1,))
+    runs = []
+    for env in s.envs:
+        for seed in s.seeds:
+            print(f"{env} seed {seed} ...", flush=True)
+            runs.append(run_one(env, seed, s))
+    summary, rows = {}, []
+    for env in s.envs:
+        mine = [r for r in runs if r["env"] == env]
+        mean, std = _mean_std([r["final_return"] for r in mine])
+        auc, _ = _mean_std([r["area_under_curve"] for r in mine])
+        ref_mean, ref_std = CLEANRL.get(env, (None, None))
+        meets = None if mean is None or ref_mean is None else mean >= ref_mean - ref_std
+        summary[env] = {"final_return_mean": mean, "final_return_std": std,
+                        "area_under_curve": auc, "cleanrl": [ref_mean, ref_std],
+                        "meets_reference_minus_std": meets,
+                        "wall_s": common.summarize([r["wall_s"] for r in mine]),
+                        "steps_per_s": common.summarize([r["steps_per_s"] for r in mine])}
+        rows.append([env, len(mine),
+                     "-" if mean is None else f"{mean:,.0f} ± {std:,.0f}",
+                     "-" if ref_mean is None else f"{ref_mean:,.0f} ± {ref_std:,.0f}",
+                     {None: "-", True: "yes", False: "no"}[meets],
+                     "-" if auc is None else f"{auc:,.0f}",
+                     common.fmt(summary[env]["wall_s"], ".0f"),
+                     common.fmt(summary[env]["steps_per_s"], ",.0f")])
+    common.print_table(
+        f"Learning at {s.total_steps:,} env steps: hetrl ({s.workers} workers, settings "
+        f"{' '.join(s.extra) or 'as shipped'}) vs CleanRL ppo_continuous_action (v4)",
+        ["env", "seeds", "hetrl final return", "CleanRL", ">= ref - std", "area under curve",
+         "wall s", "env steps/s"], rows)
+
+    def draw_for(env: str):
+        def draw(plt) -> None:
+            for r in (r for r in runs if r["env"] == env):
+                plt.plot([c[0] for c in r["curve"]], [c[1] for c in r["curve"]],
+                         label=f"hetrl seed {r['seed']}")
+            ref_mean, ref_std = CLEANRL.get(env, (None, None))
+            if ref_mean is not None:
+                plt.axhspan(ref_mean - ref_std, ref_mean + ref_std, alpha=0.2, color="grey",
+                            label="CleanRL at 1M (mean ± std)")
+            plt.xlabel("env steps")
+            plt.ylabel("mean return (last 100 episodes)")
+            plt.title(env)
+            plt.legend(fontsize=7)
+        return draw
+
+    for env in s.envs:
+        common.plot(f"learning-{env}" + ("-quick" if s.quick else ""), draw_for(env))
+    results = {"runs": [{k: v for k, v in r.items() if k != "curve"} for r in runs],
+               "summary": summary}
+    common.write_json("learning", s, results)
+    if not s.quick:  # the committed record (bench/results/summary*.json are kept in git)
+        common.write_json("summary_learning", s, results)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
