@@ -249,3 +249,54 @@ def test_threads_are_named() -> None:
     batcher.stop()
     publisher.close()
     assert {"batcher", "weights-publisher"} <= names
+
+
+@pytest.fixture
+def served_worker():
+    from hetrl.rollout.settings import WorkerSettings
+    from hetrl.rollout.transport import create_server
+    from hetrl.rollout.worker import RolloutWorker, add_to_server
+
+    worker = RolloutWorker(WorkerSettings(env="CartPole-v1", envs_per_worker=3,
+                                          fragment_length=5))
+    server, port = create_server("127.0.0.1:0", "test-token")
+    add_to_server(worker, server)
+    server.start()
+    yield f"127.0.0.1:{port}"
+    worker.request_stop("test over")
+    server.stop(0).wait(5)
+    worker.close()
+
+
+@pytest.mark.parametrize("mode", ["drop", "fail"])
+def test_a_nonfinite_update_is_rolled_back_and_never_published(
+        served_worker, tmp_path, monkeypatch, mode) -> None:
+    import json
+
+    from hetrl.learner import learner as learner_module
+    from hetrl.learner.learner import Learner
+
+    real, calls = learner_module.ppo_update_async, []
+
+    def poisoning(policy, *args):
+        stats = real(policy, *args)
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                next(policy.parameters()).fill_(float("nan"))
+        return stats
+
+    monkeypatch.setattr(learner_module, "ppo_update_async", poisoning)
+    settings = LearnerSettings(worker_addresses=(served_worker,), total_steps=15 * 12,
+                               fragments_per_batch=1, out=str(tmp_path), progress=False,
+                               nonfinite=mode)
+    learner = Learner(settings, "test-token")
+    code = learner.run()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["updates_nonfinite"] == 1
+    assert all(torch.isfinite(p).all() for p in learner.policy.parameters())
+    if mode == "fail":
+        assert code == 1 and summary["policy_version"] == 2
+    else:
+        assert code == 0 and summary["policy_version"] == len(calls) - 1
+    assert learner.publisher.published_version <= summary["policy_version"]
