@@ -117,7 +117,8 @@ class Batcher:
         self._free: queue.Queue[_HostSlot | None] = queue.Queue()
         for _ in range(2):
             self._free.put(None)  # allocated on first use, when the layout is known
-        self._ready: queue.Queue = queue.Queue(maxsize=2)
+        # Unbounded, yet never more than the two slots plus one end marker or error.
+        self._ready: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.spent = False
         """True once the batcher has stopped assembling (budget spent or stopped)."""
