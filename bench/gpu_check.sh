@@ -51,7 +51,7 @@ EOF
 #    Targets: ingest >= 80% of the ceiling (both), GPU busy >= 70% (CNN).
 timeout 300 python3 -m bench.learner_scale --device cuda --workers 14 --seconds 20 \
   --models "mlp / Humanoid-v5" "cnn / Pong 4x84x84 u8" 2>&1 | grep -v " INFO "
-python3 -c "import json; [print(json.dumps({'run': 'learner_scale', **r})) for r in json.load(open('bench/results/learner_scale.json'))['results']]" >> "$R"
+python3 -c "import json; r = json.load(open('bench/results/learner_scale.json'))['results']; [print(json.dumps({'run': 'learner_scale', **x})) for x in r['runs']]; [print(json.dumps({'run': 'gil_probe', **x})) for x in r['gil_probe']]" >> "$R"
 # 2. Humanoid-v5, 14 workers, CUDA: defaults (fragments per batch auto) against the old
 #    default (2) for the same time. Targets: 0 dropped, workers busy >= 90%, and a better
 #    mean return after the same ~60 s of training.

@@ -91,6 +91,8 @@ class Settings:
     """Timed update-only steps for the ceiling (the fastest one counts)."""
     seed: int = 1
     """Seed of the synthetic data and the network."""
+    gil_probe: bool = True
+    """Also time the update alone and beside a thread decoding and copying fragments."""
     quick: bool = False
     """CPU smoke form (about a minute here): the small MLP, 2 and 4 workers, 10 s each."""
 
@@ -311,6 +313,74 @@ def update_ceiling(model: str, fragments: int, device: torch.device, s: Settings
             "update_ms_alone": 1e3 * min(times)}
 
 
+def gil_probe(model: str, s: Settings, repeats: int = 6) -> dict:
+    """What ingest work in another thread costs the update (the GIL, and a shared core):
+    `ppo_update` timed alone and while a second thread decodes serialized fragments
+    (`fragments.from_message`, as a stream thread does) and copies them into a batch
+    buffer (as the batcher does) in a loop, interleaved, fastest of `repeats` each."""
+    from hetrl.learner.ppo import Batch, ppo_update
+    from hetrl.learner.settings import TrainSettings
+    from hetrl.protos import hetrl_pb2
+    from hetrl.rollout import fragments
+    from hetrl.rollout.collector import FragmentArrays
+    from hetrl.rollout.policy import Policy
+    from hetrl.rollout.settings import PolicySettings
+
+    obs_space, act_space, net = learner_throughput.MODELS[model]
+    torch.manual_seed(s.seed)
+    cfg = TrainSettings()
+    device = torch.device("cuda" if s.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if s.device == "auto" else s.device)
+    policy = Policy(obs_space, act_space, PolicySettings(policy=net)).to(device)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5, **fused)
+    rng = np.random.default_rng(s.seed)
+    lt = learner_throughput.Settings(fragment_length=s.fragment_length,
+                                     envs_per_worker=s.envs_per_worker)
+    frags = learner_throughput.fragments(obs_space, act_space, lt, 2, rng)
+    batch = Batch(**{
+        {"observations": "obs"}.get(k, k): torch.from_numpy(np.concatenate(
+            [f[k] for f in frags], axis=1)).to(device) for k in frags[0]})
+    arrays = FragmentArrays(**frags[0], episode_returns=np.zeros(1),
+                            episode_lengths=np.zeros(1, np.int64))
+    wire_bytes = fragments.serialize(arrays, 0, "i", 0, 0)
+    shapes = (obs_space.shape, np.dtype(obs_space.dtype), tuple(act_space.shape or ()),
+              frags[0]["actions"].dtype)
+    target = {k: np.empty_like(np.concatenate([v, v], axis=1)) for k, v in frags[0].items()}
+    busy = threading.Event()
+    done = threading.Event()
+    ingested = [0]
+
+    def ingest():
+        while not done.is_set():
+            if not busy.wait(0.1):
+                continue
+            message = hetrl_pb2.WorkerMessage.FromString(wire_bytes).fragment
+            fragment = fragments.from_message(message, s.fragment_length, s.envs_per_worker,
+                                              *shapes)
+            for k in target:
+                target[k][:, :s.envs_per_worker] = getattr(fragment.arrays, k)
+            ingested[0] += 1
+
+    thread = threading.Thread(target=ingest, daemon=True)
+    thread.start()
+    alone, beside = [], []
+    ppo_update(policy, optimizer, batch, cfg)  # warm-up
+    for _ in range(repeats):
+        for flag, times in ((False, alone), (True, beside)):
+            (busy.set if flag else busy.clear)()
+            t0 = time.perf_counter()
+            ppo_update(policy, optimizer, batch, cfg)  # reads its stats: synchronized
+            times.append(time.perf_counter() - t0)
+    done.set()
+    busy.clear()
+    thread.join(2)
+    return {"model": model, "device": str(device), "update_ms_alone": 1e3 * min(alone),
+            "update_ms_beside_ingest": 1e3 * min(beside),
+            "slowdown": min(beside) / min(alone),
+            "fragments_ingested_per_s": ingested[0] / sum(beside)}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     s = tyro.cli(Settings, args=argv, description=__doc__)
     if s.quick:
@@ -337,7 +407,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
           "-" if r["policy_lag_mean"] is None else f"{r['policy_lag_mean']:.1f}",
           r["dropped_lag"], f"{r['update_ms_in_run']:.1f}", f"{r['update_ms_alone']:.1f}"]
          for r in results])
-    common.write_json("learner_scale", s, results)
+    probes = [gil_probe(model, s) for model in s.models] if s.gil_probe else []
+    if probes:
+        common.print_table(
+            "The GIL: ppo_update alone and beside a thread decoding + copying fragments "
+            "(fastest of 6 each, interleaved)",
+            ["model", "device", "update ms alone", "beside ingest", "slowdown",
+             "fragments/s ingested"],
+            [[p["model"], p["device"], f"{p['update_ms_alone']:.1f}",
+              f"{p['update_ms_beside_ingest']:.1f}", f"{p['slowdown']:.2f}x",
+              f"{p['fragments_ingested_per_s']:,.0f}"]
+             for p in probes])
+    common.write_json("learner_scale", s, {"runs": results, "gil_probe": probes})
     return results
 
 
