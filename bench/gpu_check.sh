@@ -47,6 +47,34 @@ EOF
 }
 
 # ---- CHECKS ----
+# 0. No host sync inside the update (torch raises on one under sync debug mode "error").
+python3 - >> "$R" <<'EOF' 2>&1
+import json, torch, gymnasium as gym, numpy as np
+from hetrl.learner.ppo import Batch, ppo_update_async
+from hetrl.learner.settings import TrainSettings
+from hetrl.rollout.policy import Policy
+from hetrl.rollout.settings import PolicySettings
+d, t, n = torch.device("cuda"), 64, 16
+obs = gym.spaces.Box(-np.inf, np.inf, (348,), np.float64)
+policy = Policy(obs, gym.spaces.Box(-0.4, 0.4, (17,), np.float32), PolicySettings()).to(d)
+opt = torch.optim.Adam(policy.parameters(), lr=1e-3, fused=True)
+flags = {k: torch.zeros(t, n, dtype=torch.bool, device=d) for k in ("terminated", "truncated")}
+b = Batch(obs=torch.randn(t + 1, n, 348, dtype=torch.float64, device=d),
+          actions=torch.randn(t, n, 17, device=d), logprobs=torch.full((t, n), -0.7, device=d),
+          rewards=torch.ones(t, n, device=d), valid=torch.ones(t, n, dtype=torch.bool, device=d),
+          valid_count=t * n, **flags)
+ppo_update_async(policy, opt, b, TrainSettings())
+torch.cuda.synchronize()
+torch.cuda.set_sync_debug_mode("error")
+try:
+    ppo_update_async(policy, opt, b, TrainSettings())
+    result = "no sync"
+except RuntimeError as exc:
+    result = f"synced: {exc}"[:500]
+torch.cuda.set_sync_debug_mode("default")
+print(json.dumps({"run": "update_sync_free", "result": result}))
+EOF
+tail -n 1 "$R"
 # 1. The learner alone: ingest vs its update-only ceiling, 14 synthetic gRPC streams.
 #    Targets: ingest >= 80% of the ceiling (both), GPU busy >= 70% (CNN).
 timeout 300 python3 -m bench.learner_scale --device cuda --workers 14 --seconds 20 \

@@ -300,3 +300,29 @@ def test_a_nonfinite_update_is_rolled_back_and_never_published(
     else:
         assert code == 0 and summary["policy_version"] == len(calls) - 1
     assert learner.publisher.published_version <= summary["policy_version"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_update_never_syncs_with_the_host_on_cuda() -> None:
+    device = torch.device("cuda")
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    policy = Policy(obs_space, gym.spaces.Discrete(2), PolicySettings()).to(device)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3, fused=True)
+    t, n = 8, 6
+    batch = Batch(obs=torch.randn(t + 1, n, 4, device=device),
+                  actions=torch.randint(0, 2, (t, n), device=device),
+                  logprobs=torch.full((t, n), -0.7, device=device),
+                  rewards=torch.ones(t, n, device=device),
+                  terminated=torch.zeros(t, n, dtype=torch.bool, device=device),
+                  truncated=torch.zeros(t, n, dtype=torch.bool, device=device),
+                  valid=torch.ones(t, n, dtype=torch.bool, device=device),
+                  valid_count=t * n)
+    from hetrl.learner.ppo import ppo_update_async
+
+    ppo_update_async(policy, optimizer, batch, TrainSettings())  # warm-up (lazy init)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ppo_update_async(policy, optimizer, batch, TrainSettings())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
