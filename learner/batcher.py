@@ -108,8 +108,18 @@ class Batcher:
         train_version: Callable[[], int],
         max_policy_lag: int,
         budget_spent: Callable[[], bool],
+        return_credit: Callable[[object, int], None] | None = None,
     ) -> None:
         self.fan_in, self.streams, self.device = fan_in, streams, device
+        self._return_credit = return_credit or (lambda stream, gen: stream.return_credit(gen))
+        # Credits of fragments taken while an update runs are held back until it ends,
+        # so that the worker samples its next fragment with the weights that update makes
+        # (as a serial learner would), not the ones before it: prefetching the next
+        # batch must not add a version of policy lag. Never held while no update runs,
+        # so a batch larger than all the credits still fills.
+        self._credit_lock = threading.Lock()
+        self._updating = False
+        self._held: list[tuple[object, int]] = []
         self._target, self._train_version = target, train_version
         self._max_policy_lag, self._budget_spent = max_policy_lag, budget_spent
         self._cuda = device.type == "cuda"
@@ -162,6 +172,26 @@ class Batcher:
                 if isinstance(tensor, torch.Tensor):
                     tensor.record_stream(current)
         return item
+
+    def begin_update(self) -> None:
+        """The training thread starts an update: hold credits back until it ends."""
+        with self._credit_lock:
+            self._updating = True
+
+    def end_update(self) -> list[tuple[object, int]]:
+        """The update ended (its weights offered): the credits held back meanwhile, for
+        the caller to return once those weights are on their way."""
+        with self._credit_lock:
+            self._updating = False
+            held, self._held = self._held, []
+        return held
+
+    def _credit(self, stream, generation: int) -> None:
+        with self._credit_lock:
+            if self._updating:
+                self._held.append((stream, generation))
+                return
+        self._return_credit(stream, generation)
 
     def release(self, ready: ReadyBatch) -> None:
         """The training thread is done with `ready`: its host slot may be refilled."""
@@ -290,7 +320,7 @@ class Batcher:
                 self._on_stream_failure(item)
                 return False
             stream, generation, fragment = item
-            stream.return_credit(generation)  # the worker may start its next fragment now
+            self._credit(stream, generation)  # the worker may start its next fragment
             self.global_step += fragment.steps
             returns = fragment.arrays.episode_returns
             self.recent_returns.extend(returns.tolist())

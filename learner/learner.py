@@ -108,14 +108,15 @@ class Learner:
                          options=transport_options(settings), nonfinite=settings.nonfinite)
             for address in settings.worker_addresses
         ]
+        self.publisher = Publisher(self.streams, self.device)
         self.batcher = Batcher(
             self.fan_in, self.streams, self.device, target=self.fragments_per_batch,
             train_version=lambda: self.version + self._updating,
             max_policy_lag=settings.max_policy_lag,
             budget_spent=lambda: self.global_step >= settings.total_steps,
+            return_credit=self.publisher.return_credit,
         )
         self.batcher.global_step = resumed_step
-        self.publisher = Publisher(self.streams, self.device)
         self.wait_seconds = 0.0
         self.train_seconds = 0.0
         self.batch_wait_seconds = 0.0
@@ -262,20 +263,27 @@ class Learner:
             frac = max(0.0, 1.0 - self.global_step / s.total_steps)
             self.optimizer.param_groups[0]["lr"] = frac * s.learning_rate
         self._updating = 1
+        self.batcher.begin_update()
+        finite = False
         try:
             device_stats = ppo_update_async(self.policy, self.optimizer, ready.batch, s)
             floats = [p for p in self.policy.state_dict().values() if p.is_floating_point()]
             # One device reduction for the finite check, read with the statistics.
             device_stats["finite"] = torch.stack([torch.isfinite(p).all() for p in floats]).all()
             stats = read_stats(device_stats)  # the update's one host sync
-            if not stats.pop("finite"):
-                self._reject_nonfinite_update()
-                return
-            self.version += 1
+            finite = bool(stats.pop("finite"))
+            if finite:
+                self.version += 1
+                self._good_state = self._snapshot()
+                self.publisher.offer(self.version, self._good_state)
         finally:
             self._updating = 0
-        self._good_state = self._snapshot()
-        self.publisher.offer(self.version, self._good_state)
+            # Credits held back during the update go out after its weights.
+            for stream, generation in self.batcher.end_update():
+                self.publisher.return_credit(stream, generation)
+        if not finite:
+            self._reject_nonfinite_update()
+            return
         train_seconds = time.perf_counter() - train_start
         self.train_seconds += train_seconds
         infos = ready.infos

@@ -43,6 +43,8 @@ class Publisher:
         self._cond = threading.Condition()
         self._pending: tuple[int, dict[str, torch.Tensor], torch.cuda.Event | None] | None = None
         self._closed = False
+        self._publishing = False
+        self._deferred: list[tuple[object, int]] = []
         self.published_version = -1
         self.skipped = 0
         self._thread = threading.Thread(target=self._run, name="weights-publisher", daemon=True)
@@ -63,12 +65,25 @@ class Publisher:
             self._pending = (version, state, event)
             self._cond.notify_all()
 
+    def return_credit(self, stream, generation: int) -> None:
+        """Return a worker's credit, but never before the newest offered weights have
+        been pushed: the worker then samples its next fragment with them."""
+        with self._cond:
+            if self._pending is not None or self._publishing:
+                self._deferred.append((stream, generation))
+                return
+        stream.return_credit(generation)
+
     def close(self, timeout: float = 5.0) -> None:
-        """Publish what is pending, then stop the thread."""
+        """Publish what is pending, then stop the thread (and return deferred credits)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout)
+        with self._cond:
+            credits, self._deferred = self._deferred, []
+        for stream, generation in credits:
+            stream.return_credit(generation)
 
     def _run(self) -> None:
         while True:
@@ -77,16 +92,23 @@ class Publisher:
                 if self._pending is None:
                     return
                 (version, state, event), self._pending = self._pending, None
+                self._publishing = True
             try:
                 message = self._encode(version, state, event)
+                for stream in self.streams:
+                    stream.push_weights(message)
+                self.published_version = version
+                if self._on_published is not None:
+                    self._on_published(message)
             except Exception:  # a bug; workers keep their last weights, training goes on
                 log.exception("publishing weights version %d failed", version)
-                continue
-            for stream in self.streams:
-                stream.push_weights(message)
-            self.published_version = version
-            if self._on_published is not None:
-                self._on_published(message)
+            with self._cond:
+                self._publishing = False
+                credits = [] if self._pending is not None else self._deferred
+                if self._pending is None:
+                    self._deferred = []
+            for stream, generation in credits:  # after the weights, in each outbox
+                stream.return_credit(generation)
 
     def _encode(self, version: int, state: dict[str, torch.Tensor],
                 event: torch.cuda.Event | None) -> hetrl_pb2.Weights:

@@ -123,6 +123,34 @@ def test_batcher_holds_at_most_one_batch_beyond_the_one_in_training() -> None:
         batcher.stop()
 
 
+def test_credits_taken_during_an_update_wait_for_its_weights() -> None:
+    # Prefetching the next batch must not add a version of lag: a fragment taken while
+    # an update runs gets its credit back only after that update's weights are pushed.
+    stream = FakeStream()
+    publisher = Publisher([stream], torch.device("cpu"))
+    batcher, fan_in, _, _ = make_batcher(target=1)
+    batcher._return_credit = publisher.return_credit
+    batcher.start()
+    try:
+        batcher.begin_update()
+        fan_in.put((stream, 1, fragment(0, 0)))
+        assert batcher.next(timeout=10) is not None
+        assert stream.credits == 0  # held while the update runs
+        publisher.offer(1, {"w": torch.ones(2)})
+        for s, generation in batcher.end_update():
+            publisher.return_credit(s, generation)
+        assert stream.credits == 0 and stream.weights == []  # deferred until pushed
+        publisher.start()
+        wait_for(lambda: stream.credits == 1, 10, "the credit after the weights")
+        assert [w.version for w in stream.weights] == [1]
+        # With no update running and nothing to publish, credits go back at once.
+        fan_in.put((stream, 1, fragment(1, 1)))
+        wait_for(lambda: stream.credits == 2, 10, "an immediate credit")
+    finally:
+        batcher.stop()
+        publisher.close()
+
+
 def test_stale_fragments_are_dropped_counted_and_their_credit_returned() -> None:
     batcher, fan_in, stream, state = make_batcher(target=1, max_lag=3)
     state["version"] = 5
