@@ -251,7 +251,11 @@ def test_auto_fragments_per_batch_keeps_lag_near_two() -> None:
 
 
 @pytest.mark.parametrize("value", ["auto", 8])
-def test_fragments_per_batch_through_cli_json_and_hyperparameters(value) -> None:
+def test_fragments_per_batch_through_cli_json_and_hyperparameters(value, tmp_path) -> None:
+    import json
+
+    from hetrl.launch.cli import config_values
+
     args = ["--worker-addresses", "h:1", "--fragments-per-batch", str(value)]
     from_cli = tyro.cli(LearnerSettings, args=args)
     assert from_cli.fragments_per_batch == value
@@ -260,6 +264,9 @@ def test_fragments_per_batch_through_cli_json_and_hyperparameters(value) -> None
         assert settings_overrides({"fragments-per-batch": raw}, TrainSettings) == {
             "fragments_per_batch": value}
     assert TrainSettings().fragments_per_batch == "auto"
+    config = tmp_path / "settings.json"
+    config.write_text(json.dumps({"fragments_per_batch": value}))
+    assert config_values(str(config), LearnerSettings) == {"fragments_per_batch": value}
 
 
 @pytest.mark.parametrize("raw", ["x", 0, "0", 1.5])
