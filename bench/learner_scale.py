@@ -313,11 +313,13 @@ def update_ceiling(model: str, fragments: int, device: torch.device, s: Settings
             "update_ms_alone": 1e3 * min(times)}
 
 
-def gil_probe(model: str, s: Settings, repeats: int = 6) -> dict:
+def gil_probe(model: str, s: Settings, repeats: int = 6, per_update: int = 2) -> dict:
     """What ingest work in another thread costs the update (the GIL, and a shared core):
-    `ppo_update` timed alone and while a second thread decodes serialized fragments
-    (`fragments.from_message`, as a stream thread does) and copies them into a batch
-    buffer (as the batcher does) in a loop, interleaved, fastest of `repeats` each."""
+    `ppo_update` on a batch of `per_update` fragments timed alone and while a second
+    thread decodes `per_update` serialized fragments (`fragments.from_message`, as a
+    stream thread does) and copies them into a batch buffer (as the batcher does): the
+    ingest work of the next batch, overlapping this one's update as in the learner.
+    Interleaved, fastest of `repeats` each."""
     from hetrl.learner.ppo import Batch, ppo_update
     from hetrl.learner.settings import TrainSettings
     from hetrl.protos import hetrl_pb2
@@ -337,7 +339,7 @@ def gil_probe(model: str, s: Settings, repeats: int = 6) -> dict:
     rng = np.random.default_rng(s.seed)
     lt = learner_throughput.Settings(fragment_length=s.fragment_length,
                                      envs_per_worker=s.envs_per_worker)
-    frags = learner_throughput.fragments(obs_space, act_space, lt, 2, rng)
+    frags = learner_throughput.fragments(obs_space, act_space, lt, per_update, rng)
     batch = Batch(**{
         {"observations": "obs"}.get(k, k): torch.from_numpy(np.concatenate(
             [f[k] for f in frags], axis=1)).to(device) for k in frags[0]})
@@ -346,39 +348,43 @@ def gil_probe(model: str, s: Settings, repeats: int = 6) -> dict:
     wire_bytes = fragments.serialize(arrays, 0, "i", 0, 0)
     shapes = (obs_space.shape, np.dtype(obs_space.dtype), tuple(act_space.shape or ()),
               frags[0]["actions"].dtype)
-    target = {k: np.empty_like(np.concatenate([v, v], axis=1)) for k, v in frags[0].items()}
-    busy = threading.Event()
+    target = {k: np.empty_like(np.concatenate([v] * per_update, axis=1))
+              for k, v in frags[0].items()}
+    work = threading.Semaphore(0)
     done = threading.Event()
     ingested = [0]
+    n = s.envs_per_worker
 
     def ingest():
         while not done.is_set():
-            if not busy.wait(0.1):
+            if not work.acquire(timeout=0.1):
                 continue
             message = hetrl_pb2.WorkerMessage.FromString(wire_bytes).fragment
-            fragment = fragments.from_message(message, s.fragment_length, s.envs_per_worker,
-                                              *shapes)
+            fragment = fragments.from_message(message, s.fragment_length, n, *shapes)
+            column = (ingested[0] % per_update) * n
             for k in target:
-                target[k][:, :s.envs_per_worker] = getattr(fragment.arrays, k)
+                target[k][:, column:column + n] = getattr(fragment.arrays, k)
             ingested[0] += 1
 
     thread = threading.Thread(target=ingest, daemon=True)
     thread.start()
     alone, beside = [], []
     ppo_update(policy, optimizer, batch, cfg)  # warm-up
-    for _ in range(repeats):
+    for round_ in range(repeats):
         for flag, times in ((False, alone), (True, beside)):
-            (busy.set if flag else busy.clear)()
+            if flag:  # the next batch's ingest, beside this update
+                for _ in range(per_update):
+                    work.release()
             t0 = time.perf_counter()
             ppo_update(policy, optimizer, batch, cfg)  # reads its stats: synchronized
             times.append(time.perf_counter() - t0)
+            while flag and ingested[0] < (round_ + 1) * per_update:  # it finishes first
+                time.sleep(0.001)
     done.set()
-    busy.clear()
     thread.join(2)
     return {"model": model, "device": str(device), "update_ms_alone": 1e3 * min(alone),
             "update_ms_beside_ingest": 1e3 * min(beside),
-            "slowdown": min(beside) / min(alone),
-            "fragments_ingested_per_s": ingested[0] / sum(beside)}
+            "slowdown": min(beside) / min(alone), "fragments_per_update": per_update}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -407,16 +413,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
           "-" if r["policy_lag_mean"] is None else f"{r['policy_lag_mean']:.1f}",
           r["dropped_lag"], f"{r['update_ms_in_run']:.1f}", f"{r['update_ms_alone']:.1f}"]
          for r in results])
-    probes = [gil_probe(model, s) for model in s.models] if s.gil_probe else []
+    per_update = max(s.workers) if s.fragments_per_batch == "auto" \
+        else int(s.fragments_per_batch)
+    probes = [gil_probe(model, s, per_update=per_update) for model in s.models] \
+        if s.gil_probe else []
     if probes:
         common.print_table(
-            "The GIL: ppo_update alone and beside a thread decoding + copying fragments "
-            "(fastest of 6 each, interleaved)",
+            "The GIL: ppo_update alone and beside a thread decoding + copying the next "
+            "batch's fragments (fastest of 6 each, interleaved)",
             ["model", "device", "update ms alone", "beside ingest", "slowdown",
-             "fragments/s ingested"],
+             "fragments per update"],
             [[p["model"], p["device"], f"{p['update_ms_alone']:.1f}",
               f"{p['update_ms_beside_ingest']:.1f}", f"{p['slowdown']:.2f}x",
-              f"{p['fragments_ingested_per_s']:,.0f}"]
+              p["fragments_per_update"]]
              for p in probes])
     common.write_json("learner_scale", s, {"runs": results, "gil_probe": probes})
     return results
