@@ -21,7 +21,8 @@ import tyro
 
 from bench import common
 
-BENCHES = ("learner_throughput", "transport", "overhead", "pipelining", "scaling", "solve")
+BENCHES = ("learner_throughput", "transport", "overhead", "pipelining", "scaling", "solve",
+           "learner_scale")
 
 
 @dataclasses.dataclass
@@ -50,6 +51,11 @@ def _headline(name: str, results: dict) -> dict:
                 for row in r}
     if name == "solve":
         return r["summary"]
+    if name == "learner_scale":
+        keys = ("ingest_samples_per_s", "ceiling_samples_per_s", "ingest_over_ceiling",
+                "learner_busy", "gpu_busy_percent", "policy_lag_mean", "dropped_lag")
+        return {f"{row['model']} x{row['workers']} {row['device']}": {k: row[k] for k in keys}
+                for row in r["runs"]}
     if isinstance(r, dict) and "summary" in r:
         return r["summary"]
     return {}

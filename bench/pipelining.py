@@ -79,7 +79,7 @@ def serial(s: Settings) -> dict:
     start = time.perf_counter()
     while steps < s.total_steps:
         t0 = time.perf_counter()
-        frags = [collector.collect() for _ in range(cfg.fragments_per_batch)]
+        frags = [collector.collect() for _ in range(common.fragments_per_batch(cfg))]
         t1 = time.perf_counter()
         optimizer.param_groups[0]["lr"] = max(0.0, 1 - steps / cfg.total_steps) * cfg.learning_rate
 
@@ -132,8 +132,9 @@ def pipelined(s: Settings, run: int) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     first, last = records[0], records[-1]
     span = last["wall_seconds"] - first["wall_seconds"]
-    per_batch = TrainSettings().fragments_per_batch
-    worker_wait = sum(r.get("charts/worker_wait_seconds", 0.0) * per_batch for r in records[1:])
+    per_batch = common.fragments_per_batch(TrainSettings())
+    worker_wait = sum(r.get("charts/worker_wait_seconds", 0.0)
+                      * r.get("charts/fragments_per_batch", per_batch) for r in records[1:])
     learner_busy = summary["learner_wait_seconds"] + summary["learner_train_seconds"]
     return {"steps_per_s": (last["global_step"] - first["global_step"]) / span,
             "learner_wait_fraction": summary["learner_wait_seconds"] / learner_busy,

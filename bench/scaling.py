@@ -99,7 +99,7 @@ def measure_learner(s: Settings) -> list[float]:
     rates = []
     for i in range(s.repeats + 1):
         frags = learner_throughput.fragments(desc.observation_space, desc.action_space, lt,
-                                             cfg.fragments_per_batch, rng)
+                                             common.fragments_per_batch(cfg), rng)
         step = learner_throughput.learner_step(policy, optimizer, frags, cfg)
         if i:
             rates.append(step["steps"] / step["total"])

@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import time
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -132,6 +133,14 @@ def _convert(key: str, raw: Any, kind: Any) -> Any:
             if raw not in typing.get_args(kind):
                 raise ValueError(f"expected one of {typing.get_args(kind)}")
             return raw
+        if origin in (typing.Union, types.UnionType):  # e.g. int | Literal["auto"]
+            errors = []
+            for option in typing.get_args(kind):
+                try:
+                    return _convert(key, raw, option)
+                except ConfigError as exc:
+                    errors.append(str(exc).split(" is malformed: ", 1)[-1])
+            raise ValueError("; ".join(errors))
         if origin is tuple:
             item_kind = typing.get_args(kind)[0]
             if isinstance(raw, str):

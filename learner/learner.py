@@ -1,15 +1,20 @@
 """The learner process: train from every worker's stream until the step budget is spent.
 
 Lifecycle: connect to all workers (each stream retries for `connect_timeout`), then
-loop { take `fragments_per_batch` fragments off the fan-in queue, drop and count those
-older than `max_policy_lag`, one APPO update, push the new weights to every worker }.
-At the end, on a signal, or on an error, it sends Stop to every worker, saves the model
-as safetensors and a summary, and returns an exit code. It never spawns processes.
+loop { take the next ready batch, one APPO update, offer the new weights }. Three named
+threads keep the training thread on the GPU's critical path only: the stream threads
+receive and decode (connections), the "batcher" returns credits, counts steps and lag,
+drops fragments older than `max_policy_lag` and assembles the next batch into
+preallocated host buffers and onto the device while the current one trains (batcher),
+and the "weights-publisher" serializes each new version once and pushes it to every
+worker (publisher). The update reads the device once (its statistics and the finite
+check together). At the end, on a signal, or on an error, it sends Stop to every worker,
+saves the model as safetensors and a summary, and returns an exit code. It never spawns
+processes.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import queue
@@ -23,28 +28,27 @@ import numpy as np
 import torch
 from safetensors.numpy import save_file
 
+from hetrl.learner.batcher import Batcher, ReadyBatch
 from hetrl.learner.checkpoint import load_latest, save_checkpoint
 from hetrl.learner.connections import (
-    StreamFailure,
     StreamSpec,
+    StreamState,
     WorkerStream,
     fan_in_bound,
     stream_counters,
 )
 from hetrl.learner.evaluation import PeriodicEval
 from hetrl.learner.metrics import MetricsWriter
-from hetrl.learner.ppo import Batch, ppo_update
-from hetrl.learner.settings import LearnerSettings, default_run_dir
+from hetrl.learner.ppo import ppo_update_async, read_stats
+from hetrl.learner.publisher import Publisher, weights_message
+from hetrl.learner.settings import LearnerSettings, auto_fragments_per_batch, default_run_dir
 from hetrl.learner.utilisation import UtilisationSampler
 from hetrl.learner.verdict import judge
-from hetrl.protos import hetrl_pb2
-from hetrl.rollout import wire
 from hetrl.rollout.envs import describe_env
-from hetrl.rollout.errors import HetrlError, NonFiniteError, ProtocolError, WorkerLostError
+from hetrl.rollout.errors import HetrlError, NonFiniteError
 from hetrl.rollout.evaluate import model_metadata
-from hetrl.rollout.fragments import Fragment
 from hetrl.rollout.lifetime import die_with_parent
-from hetrl.rollout.policy import Policy, action_dtype, load_policy_arrays, policy_arrays
+from hetrl.rollout.policy import Policy, action_dtype, policy_arrays
 from hetrl.rollout.settings import to_json
 from hetrl.rollout.transport import token_from_env, transport_options
 from hetrl.rollout.userpath import user_modules_importable
@@ -71,16 +75,17 @@ class Learner:
         description = describe_env(settings)
         obs_space, act_space = description.observation_space, description.action_space
         self.policy = Policy(obs_space, act_space, settings).to(self.device)
+        # Fused Adam (one kernel for every parameter) on CUDA; the default elsewhere.
+        fused = {"fused": True} if self.device.type == "cuda" else {}
         self.optimizer = torch.optim.Adam(
-            self.policy.parameters(), lr=settings.learning_rate, eps=1e-5
+            self.policy.parameters(), lr=settings.learning_rate, eps=1e-5, **fused
         )
         self.version = 0
-        self.global_step = 0
+        self._updating = 0  # 1 while an update runs: the batch being built trains after it
         self.out = Path(settings.out or default_run_dir(settings.env, settings.seed))
         self.checkpoint_dir = Path(settings.checkpoint_dir or self.out / "checkpoints")
         self.resumed_from: str | None = None
-        if settings.resume:
-            self._resume()
+        resumed_step = self._resume() if settings.resume else 0
         self.spec = StreamSpec(
             env=settings.env,
             observation_space=str(obs_space),
@@ -94,17 +99,24 @@ class Learner:
         # credits_per_worker fragments in flight, plus one failure notice per stream.
         self.fan_in: queue.Queue = queue.Queue(
             maxsize=fan_in_bound(len(settings.worker_addresses), settings.credits_per_worker))
-        weights = self._last_weights = self._weights_message()
+        # The last weights known to be finite: what a non-finite update is rolled back to.
+        self._good_state = self._snapshot()
+        weights = weights_message(self.version, self._good_state)
         self.streams = [
             WorkerStream(address, token, self.spec, self.fan_in, weights,
                          settings.credits_per_worker, settings.connect_timeout,
                          options=transport_options(settings), nonfinite=settings.nonfinite)
             for address in settings.worker_addresses
         ]
-        self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
-        self.episodes = 0
-        self.dropped_lag = 0
-        self.lag_histogram: collections.Counter[int] = collections.Counter()
+        self.publisher = Publisher(self.streams, self.device)
+        self.batcher = Batcher(
+            self.fan_in, self.streams, self.device, target=self.fragments_per_batch,
+            train_version=lambda: self.version + self._updating,
+            max_policy_lag=settings.max_policy_lag,
+            budget_spent=lambda: self.global_step >= settings.total_steps,
+            return_credit=self.publisher.return_credit,
+        )
+        self.batcher.global_step = resumed_step
         self.wait_seconds = 0.0
         self.train_seconds = 0.0
         self.batch_wait_seconds = 0.0
@@ -117,19 +129,50 @@ class Learner:
         self.updates_nonfinite = 0
         self.evals = PeriodicEval(self.out, settings.eval_every, settings)
 
-    def _resume(self) -> None:
+    # The run's counters live with the batcher, which keeps them as fragments arrive.
+    @property
+    def global_step(self) -> int:
+        return self.batcher.global_step
+
+    @property
+    def episodes(self) -> int:
+        return self.batcher.episodes
+
+    @property
+    def dropped_lag(self) -> int:
+        return self.batcher.dropped_lag
+
+    @property
+    def lag_histogram(self):
+        return self.batcher.lag_histogram
+
+    @property
+    def recent_returns(self):
+        return self.batcher.recent_returns
+
+    def fragments_per_batch(self) -> int:
+        """--fragments-per-batch, or (auto) what keeps the policy lag near 2 with the
+        workers connected now (at least one counted, so a batch always has a size)."""
+        chosen = self.settings.fragments_per_batch
+        if chosen != "auto":
+            return int(chosen)
+        connected = sum(s.state is StreamState.STREAMING for s in self.streams)
+        return auto_fragments_per_batch(connected, self.settings.credits_per_worker)
+
+    def _resume(self) -> int:
+        """Load the newest checkpoint; return its global step (0 if there is none)."""
         found = load_latest(self.checkpoint_dir)
         if found is None:
             log.info("no checkpoint in %s; starting fresh", self.checkpoint_dir)
-            return
+            return 0
         path, state = found
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.global_step = int(state["global_step"])
         self.version = int(state["policy_version"])
         self.resumed_from = str(path)
         log.info("resumed from %s at step %d (policy version %d)",
-                 path, self.global_step, self.version)
+                 path, int(state["global_step"]), self.version)
+        return int(state["global_step"])
 
     def checkpoint(self) -> Path:
         """Write a checkpoint of the policy, optimizer and counters now."""
@@ -148,10 +191,9 @@ class Learner:
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
 
-    def _weights_message(self) -> hetrl_pb2.Weights:
-        return hetrl_pb2.Weights(
-            version=self.version, arrays=wire.encode_named(policy_arrays(self.policy))
-        )
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        """A copy of the state dict on the device that later updates cannot change."""
+        return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
 
     # -- main loop -----------------------------------------------------------------
     def run(self) -> int:
@@ -161,14 +203,19 @@ class Learner:
         metrics = MetricsWriter(self.out, progress=s.progress)
         for stream in self.streams:
             stream.start()
+        self.batcher.start()
+        self.publisher.start()
         code, outcome = EXIT_OK, "finished"
         self._last_checkpoint = time.monotonic()
         try:
             while self.global_step < s.total_steps and self._stop_reason is None:
-                batch = self._next_batch(metrics)
-                if batch is None:
+                ready = self._next_batch()
+                if ready is None:
                     break
-                self._train(batch, metrics)
+                try:
+                    self._train(ready, metrics)
+                finally:
+                    self.batcher.release(ready)
                 if time.monotonic() - self._last_checkpoint > s.checkpoint_every:
                     self.checkpoint()
             if self._stop_reason is not None:
@@ -179,6 +226,8 @@ class Learner:
         finally:
             if s.finishing_file:
                 Path(s.finishing_file).touch()
+            self.batcher.stop()
+            self.publisher.close()
             self._stop_workers(outcome)
             self._save(outcome, metrics)
             self.evals.final(self.policy, self.global_step)
@@ -191,92 +240,59 @@ class Learner:
         log.info("checkpoint %s written", path)
         self._save_model(outcome, metrics)
 
-    def _next_batch(self, metrics: MetricsWriter) -> list[Fragment] | None:
-        s = self.settings
-        batch: list[Fragment] = []
+    def _next_batch(self) -> ReadyBatch | None:
+        """The next assembled batch; None when stopped or the budget is spent.
+
+        Raises:
+            ProtocolError, WorkerLostError: from the batcher (streams that failed).
+        """
         wait_start = time.perf_counter()
-        while len(batch) < s.fragments_per_batch:
-            if self._stop_reason is not None:
-                return None
-            try:
-                item = self.fan_in.get(timeout=0.5)
-            except queue.Empty:
-                if not any(stream.alive for stream in self.streams):
-                    raise WorkerLostError(
-                        "every worker stream has ended; nothing to train on"
-                    ) from None
-                continue
-            if isinstance(item, StreamFailure):
-                self._on_stream_failure(item)
-                continue
-            stream, generation, fragment = item
-            stream.return_credit(generation)  # the worker may start its next fragment now
-            self.global_step += fragment.steps
-            self._count_episodes(fragment)
-            lag = self.version - fragment.policy_version
-            self.lag_histogram[lag] += 1
-            if lag > s.max_policy_lag:
-                self.dropped_lag += 1
-                log.warning("dropped a fragment %d updates old (--max-policy-lag %d)",
-                            lag, s.max_policy_lag)
-                continue
-            batch.append(fragment)
+        ready = None
+        while ready is None and self._stop_reason is None:
+            ready = self.batcher.next(timeout=0.5)
+            if ready is None and self.batcher.spent:
+                break
         self.batch_wait_seconds = time.perf_counter() - wait_start
         self.wait_seconds += self.batch_wait_seconds
-        return batch
+        return ready
 
-    def _on_stream_failure(self, failure: StreamFailure) -> None:
-        if isinstance(failure.error, ProtocolError):
-            raise failure.error
-        log.error("lost worker %s: %s", failure.address, failure.error)
-        if not any(stream.alive for stream in self.streams):
-            raise WorkerLostError(f"every worker is gone; the last: {failure.error}")
-
-    def _count_episodes(self, fragment: Fragment) -> None:
-        returns = fragment.arrays.episode_returns
-        self.recent_returns.extend(returns.tolist())
-        self.episodes += len(returns)
-
-    def _to_batch(self, frags: list[Fragment]) -> Batch:
-        def stack(name: str) -> torch.Tensor:
-            array = np.concatenate([getattr(f.arrays, name) for f in frags], axis=1)
-            return torch.from_numpy(array).to(self.device, non_blocking=True)
-
-        return Batch(
-            obs=stack("observations"),
-            actions=stack("actions"),
-            logprobs=stack("logprobs"),
-            rewards=stack("rewards"),
-            terminated=stack("terminated"),
-            truncated=stack("truncated"),
-            valid=stack("valid"),
-        )
-
-    def _train(self, frags: list[Fragment], metrics: MetricsWriter) -> None:
+    def _train(self, ready: ReadyBatch, metrics: MetricsWriter) -> None:
         s = self.settings
         train_start = time.perf_counter()
         if s.anneal_lr:
             frac = max(0.0, 1.0 - self.global_step / s.total_steps)
             self.optimizer.param_groups[0]["lr"] = frac * s.learning_rate
-        stats = ppo_update(self.policy, self.optimizer, self._to_batch(frags), s)
-        if not all(torch.isfinite(p).all() for p in self.policy.state_dict().values()
-                   if p.is_floating_point()):
+        self._updating = 1
+        self.batcher.begin_update()
+        finite = False
+        try:
+            device_stats = ppo_update_async(self.policy, self.optimizer, ready.batch, s)
+            floats = [p for p in self.policy.state_dict().values() if p.is_floating_point()]
+            # One device reduction for the finite check, read with the statistics.
+            device_stats["finite"] = torch.stack([torch.isfinite(p).all() for p in floats]).all()
+            stats = read_stats(device_stats)  # the update's one host sync
+            finite = bool(stats.pop("finite"))
+            if finite:
+                self.version += 1
+                self._good_state = self._snapshot()
+                self.publisher.offer(self.version, self._good_state)
+        finally:
+            self._updating = 0
+            # Credits held back during the update go out after its weights.
+            for stream, generation in self.batcher.end_update():
+                self.publisher.return_credit(stream, generation)
+        if not finite:
             self._reject_nonfinite_update()
             return
-        self.version += 1
-        weights = self._last_weights = self._weights_message()
-        for stream in self.streams:
-            stream.push_weights(weights)
         train_seconds = time.perf_counter() - train_start
         self.train_seconds += train_seconds
-        collect = sum(f.arrays.collect_seconds for f in frags)
-        waited = sum(f.wait_seconds for f in frags)
+        infos = ready.infos
+        collect = sum(f.collect_seconds for f in infos)
+        waited = sum(f.wait_seconds for f in infos)
         self.worker_collect_seconds += collect
         self.worker_wait_seconds += waited
 
-        lags = [self.version - 1 - f.policy_version for f in frags]
-        episode_returns = np.concatenate([f.arrays.episode_returns for f in frags])
-        episode_lengths = np.concatenate([f.arrays.episode_lengths for f in frags])
+        lags = [self.version - 1 - f.policy_version for f in infos]
         wall = metrics.wall_seconds
         busy = self.wait_seconds + self.train_seconds
         stats.update({
@@ -286,9 +302,10 @@ class Learner:
             "charts/policy_lag": float(np.mean(lags)),
             "charts/policy_lag_max": float(np.max(lags)),
             "charts/fragments_dropped_lag": float(self.dropped_lag),
+            "charts/fragments_per_batch": float(len(infos)),
             "charts/episodes": float(self.episodes),
             "charts/learner_wait_fraction": self.wait_seconds / max(busy, 1e-9),
-            "charts/worker_wait_seconds": float(np.mean([f.wait_seconds for f in frags])),
+            "charts/worker_wait_seconds": float(np.mean([f.wait_seconds for f in infos])),
             "utilisation/learner_busy_fraction":
                 train_seconds / max(train_seconds + self.batch_wait_seconds, 1e-9),
             "utilisation/worker_busy_fraction": collect / max(collect + waited, 1e-9),
@@ -296,9 +313,9 @@ class Learner:
         })
         if self.extra_metrics is not None:
             stats.update(self.extra_metrics())
-        if len(episode_returns):
-            stats["charts/episodic_return"] = float(episode_returns.mean())
-            stats["charts/episodic_length"] = float(episode_lengths.mean())
+        if len(ready.episode_returns):
+            stats["charts/episodic_return"] = float(ready.episode_returns.mean())
+            stats["charts/episodic_length"] = float(ready.episode_lengths.mean())
         if self.recent_returns:
             stats["charts/mean_return_100"] = float(np.mean(self.recent_returns))
         metrics.log(self.global_step, stats)
@@ -312,11 +329,10 @@ class Learner:
         self.updates_nonfinite += 1
         message = (f"update {self.version + 1} produced NaN/Inf weights; lower "
                    "--learning-rate or --reward-scale, or check the env's rewards")
+        self.policy.load_state_dict(self._good_state)
         if self.settings.nonfinite == "fail":
-            load_policy_arrays(self.policy, wire.decode_named(self._last_weights.arrays))
             raise NonFiniteError(message + " (--nonfinite fail)")
         log.error("%s; restored version %d and dropped the batch", message, self.version)
-        load_policy_arrays(self.policy, wire.decode_named(self._last_weights.arrays))
         self.optimizer.state.clear()
 
     def _progress_line(self, stats: dict[str, float]) -> str:

@@ -30,6 +30,12 @@ class Batch:
     terminated: torch.Tensor
     truncated: torch.Tensor
     valid: torch.Tensor
+    valid_index: torch.Tensor | None = None
+    """Flat positions of the valid steps, or None when every step is valid; with
+    `valid_count`, computed on the host by whoever built the batch, so that the update
+    need not ask the device (a host sync) how many steps to train on."""
+    valid_count: int | None = None
+    """Number of valid steps; None: the update counts them itself (one host sync)."""
 
 
 def explained_variance(pred: np.ndarray, target: np.ndarray) -> float:
@@ -37,13 +43,49 @@ def explained_variance(pred: np.ndarray, target: np.ndarray) -> float:
     return float("nan") if var == 0 else float(1 - np.var(target - pred) / var)
 
 
+def _explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """explained_variance on the device (NaN when the target is constant), no sync."""
+    var = target.var(unbiased=False)
+    return torch.where(var == 0, torch.full_like(var, float("nan")),
+                       1 - (target - pred).var(unbiased=False) / var)
+
+
+def read_stats(stats: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """Bring an update's statistics to the host: one transfer (one sync) for all of them."""
+    names = [k for k, v in stats.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in stats.items() if not isinstance(v, torch.Tensor)}
+    if names:
+        values = torch.stack([stats[k].detach().float().reshape(()) for k in names]).tolist()
+        out.update(zip(names, values, strict=True))
+    return out
+
+
 def ppo_update(
     policy: Policy, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainSettings
 ) -> dict[str, float]:
     """Train on one batch for cfg.epochs x cfg.minibatches steps; return loss metrics."""
+    return read_stats(ppo_update_async(policy, optimizer, batch, cfg))
+
+
+def ppo_update_async(
+    policy: Policy, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainSettings
+) -> dict[str, torch.Tensor | float]:
+    """ppo_update without reading anything back: the loss metrics stay on the device
+    (read them with `read_stats`), so that a GPU update runs without a host sync when
+    the batch carries `valid_index` / `valid_count`."""
     t_len, n = batch.rewards.shape
+    # Index with the positions of valid steps (a boolean mask copies far slower, and
+    # asks the device for its size); when every step is valid, take views.
+    if batch.valid_count is None:
+        mask = batch.valid.reshape(-1)
+        size = int(mask.sum())
+        keep: slice | torch.Tensor = (slice(None) if size == mask.numel()
+                                      else mask.nonzero().squeeze(1))
+    else:
+        size = batch.valid_count
+        keep = slice(None) if batch.valid_index is None else batch.valid_index
     if policy.obs_rms is not None:
-        policy.obs_rms.update(batch.obs[:-1][batch.valid])
+        policy.obs_rms.update(batch.obs[:-1].reshape(t_len * n, *batch.obs.shape[2:])[keep])
 
     # V-trace targets under the current policy, computed once per batch.
     with torch.no_grad():
@@ -67,20 +109,19 @@ def ppo_update(
         )
 
     # Flatten the valid steps into one training set.
-    # Index with the positions of valid steps (a boolean mask copies far slower); when
-    # every step is valid, take views and copy nothing.
-    mask = batch.valid.reshape(-1)
-    keep = slice(None) if bool(mask.all()) else mask.nonzero().squeeze(1)
     b_obs = flat_obs[: t_len * n][keep]
     b_actions = flat_actions[keep]
     b_logprobs = batch.logprobs.reshape(-1)[keep]
     b_advantages = advantages.reshape(-1)[keep]
     b_returns = vs.reshape(-1)[keep]
     b_values = values[:-1].reshape(-1)[keep]
-    size = int(mask.sum())
     mb_size = max(1, size // cfg.minibatches)
 
-    clipfracs, stats = [], {}
+    # Statistics stay on the device: the last minibatch's losses (as CleanRL reports
+    # them) and the clip fraction summed over all minibatches.
+    clipfrac_sum = torch.zeros((), device=b_obs.device)
+    minibatch_count = 0
+    stats: dict[str, torch.Tensor | float] = {}
     for _ in range(cfg.epochs):
         b_inds = torch.randperm(size, device=b_obs.device)
         for start in range(0, size, mb_size):
@@ -92,7 +133,8 @@ def ppo_update(
             ratio = logratio.exp()
             with torch.no_grad():
                 approx_kl = ((ratio - 1) - logratio).mean()
-                clipfracs.append(((ratio - 1.0).abs() > cfg.clip_coef).float().mean().item())
+                clipfrac_sum += ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+                minibatch_count += 1
 
             mb_adv = b_advantages[mb_inds]
             if len(mb_inds) > 1:
@@ -109,15 +151,13 @@ def ppo_update(
             nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
             optimizer.step()
             stats = {
-                "losses/policy_loss": pg_loss.item(),
-                "losses/value_loss": v_loss.item(),
-                "losses/entropy": entropy_loss.item(),
-                "losses/approx_kl": approx_kl.item(),
+                "losses/policy_loss": pg_loss.detach(),
+                "losses/value_loss": v_loss.detach(),
+                "losses/entropy": entropy_loss.detach(),
+                "losses/approx_kl": approx_kl,
             }
 
-    stats["losses/clipfrac"] = float(np.mean(clipfracs)) if clipfracs else 0.0
-    stats["losses/explained_variance"] = explained_variance(
-        b_values.cpu().numpy(), b_returns.cpu().numpy()
-    )
+    stats["losses/clipfrac"] = clipfrac_sum / max(minibatch_count, 1)
+    stats["losses/explained_variance"] = _explained_variance(b_values, b_returns)
     stats["charts/samples_trained"] = float(size)
     return stats

@@ -7,8 +7,10 @@ hyperparameters are generated from these dataclasses. No torch or grpc imports.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
+from typing import Literal
 
 from hetrl.rollout.settings import (
     EnvSettings,
@@ -17,6 +19,18 @@ from hetrl.rollout.settings import (
     _chain_post_init,
     require,
 )
+
+
+def auto_fragments_per_batch(connected_workers: int, credits: int, target_lag: float = 2.0
+                             ) -> int:
+    """Fragments per batch that keep the mean policy lag near `target_lag` updates.
+
+    When the learner is the bottleneck, every worker keeps `credits` fragments in flight,
+    so a fragment waits behind about workers x credits others; consumed `n` per update,
+    it is about workers x credits / n updates old when trained. (2 workers x 2 credits:
+    2 fragments per batch, hetrl's old default; 14 workers: 14.)
+    """
+    return max(1, math.ceil(max(connected_workers, 1) * credits / target_lag))
 
 
 @dataclasses.dataclass
@@ -33,8 +47,10 @@ class TrainSettings:
     """Discount factor."""
     gae_lambda: float = 0.95
     """Trace-cutting lambda of V-trace (equals GAE's lambda when on-policy)."""
-    fragments_per_batch: int = 2
-    """Fragments (from any workers) in one training batch."""
+    fragments_per_batch: int | Literal["auto"] = "auto"
+    """Fragments (from any workers) in one training batch; auto: enough that the mean
+    policy lag stays near 2 updates with the workers connected x --credits-per-worker
+    (2 workers: 2, 14 workers: 14), so a bigger cluster gets bigger batches."""
     epochs: int = 4
     """Passes over each batch."""
     minibatches: int = 4
@@ -67,8 +83,15 @@ class TrainSettings:
         require(self.learning_rate > 0, "--learning-rate must be > 0")
         require(0 <= self.gamma <= 1, "--gamma must be in [0, 1]")
         require(0 <= self.gae_lambda <= 1, "--gae-lambda must be in [0, 1]")
+        if isinstance(self.fragments_per_batch, str) and self.fragments_per_batch != "auto":
+            require(self.fragments_per_batch.isdigit(),
+                    f"--fragments-per-batch must be auto or a number >= 1, "
+                    f"got {self.fragments_per_batch!r}")
+            self.fragments_per_batch = int(self.fragments_per_batch)
         for name in ("fragments_per_batch", "epochs", "minibatches", "credits_per_worker",
                      "learner_torch_threads"):
+            if name == "fragments_per_batch" and self.fragments_per_batch == "auto":
+                continue
             value = getattr(self, name)
             require(value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
         require(self.max_policy_lag >= 0, "--max-policy-lag must be >= 0")

@@ -1,0 +1,343 @@
+"""The learner's ingest pipeline: fragments off the fan-in queue into ready training batches.
+
+A named thread ("batcher") takes fragments off the fan-in queue, returns each one's
+credit at once, counts steps, episodes and policy lag, drops (and counts) fragments older
+than `max_policy_lag`, and copies the rest into one of two preallocated host batches
+(pinned on CUDA, so that the copy to the GPU is asynchronous). A full batch is copied to
+the device on a side stream (CUDA) and handed to the training thread with an event to
+wait on; on CPU the host buffers are the batch. So the next batch is received, decoded,
+assembled and copied while the current one trains, and the training thread only ever
+waits when experience is short. It never trains, never touches the policy, and holds at
+most one batch beyond the one in training (two host slots), so lag stays bounded.
+
+The GIL: the stream threads decode (protobuf parse, `np.frombuffer`) and this thread
+copies with numpy, both of which release the GIL for the bulk copies; the training
+thread spends its time in torch kernels, which release it too. bench/learner_scale.py
+measures what is left (ingest vs the update-only ceiling of the same batch).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from hetrl.learner.connections import StreamFailure
+from hetrl.learner.ppo import Batch
+from hetrl.rollout.errors import HetrlError, ProtocolError, WorkerLostError
+from hetrl.rollout.fragments import Fragment
+
+log = logging.getLogger("hetrl.learner")
+
+# The fragment arrays a training batch is made of, in Batch's field order.
+BATCH_FIELDS = ("observations", "actions", "logprobs", "rewards", "terminated", "truncated",
+                "valid")
+_BATCH_NAMES = {"observations": "obs"}  # Batch's name where it differs from the fragment's
+
+
+@dataclasses.dataclass
+class FragmentInfo:
+    """What the books need of a trained fragment once its arrays are in the batch."""
+
+    policy_version: int
+    wait_seconds: float
+    collect_seconds: float
+
+
+@dataclasses.dataclass
+class ReadyBatch:
+    """A batch on the learner's device (or on its way there) and the facts about it."""
+
+    batch: Batch
+    infos: list[FragmentInfo]
+    episode_returns: np.ndarray
+    episode_lengths: np.ndarray
+    wait_seconds: float
+    """Seconds the batcher waited on the fan-in queue while assembling it."""
+    slot: _HostSlot
+    copied: torch.cuda.Event | None = None
+
+
+class _HostSlot:
+    """Preallocated host arrays for one batch: [T(+1), columns, ...] per field."""
+
+    def __init__(self, layout: dict[str, tuple[tuple[int, ...], np.dtype]], columns: int,
+                 pin: bool) -> None:
+        self.layout, self.columns = layout, columns
+        self.tensors = {
+            name: torch.empty((shape[0], columns, *shape[1:]),
+                              dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=pin)
+            for name, (shape, dtype) in layout.items()
+        }
+        self.arrays = {name: t.numpy() for name, t in self.tensors.items()}
+
+    def fits(self, layout: dict, columns: int) -> bool:
+        return self.layout == layout and self.columns >= columns
+
+
+def _fields(batch: Batch) -> dict:
+    """Batch's fields by name, the tensors themselves (dataclasses.asdict deep-copies)."""
+    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+
+
+def _layout(fragment: Fragment) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Per field: its shape without the env axis, and its dtype."""
+    out = {}
+    for name in BATCH_FIELDS:
+        array = getattr(fragment.arrays, name)
+        out[name] = ((array.shape[0], *array.shape[2:]), array.dtype)
+    return out
+
+
+class Batcher:
+    """The batcher thread and its two host slots; the training thread calls `next`."""
+
+    def __init__(
+        self,
+        fan_in: queue.Queue,
+        streams: Sequence,
+        device: torch.device,
+        target: Callable[[], int],
+        train_version: Callable[[], int],
+        max_policy_lag: int,
+        budget_spent: Callable[[], bool],
+        return_credit: Callable[[object, int], None] | None = None,
+    ) -> None:
+        self.fan_in, self.streams, self.device = fan_in, streams, device
+        self._return_credit = return_credit or (lambda stream, gen: stream.return_credit(gen))
+        # Credits of fragments taken while an update runs are held back until it ends,
+        # so that the worker samples its next fragment with the weights that update makes
+        # (as a serial learner would), not the ones before it: prefetching the next
+        # batch must not add a version of policy lag. Never held while no update runs,
+        # so a batch larger than all the credits still fills.
+        self._credit_lock = threading.Lock()
+        self._updating = False
+        self._held: list[tuple[object, int]] = []
+        self._target, self._train_version = target, train_version
+        self._max_policy_lag, self._budget_spent = max_policy_lag, budget_spent
+        self._cuda = device.type == "cuda"
+        self._copy_stream = torch.cuda.Stream(device) if self._cuda else None
+        self._free: queue.Queue[_HostSlot | None] = queue.Queue()
+        for _ in range(2):
+            self._free.put(None)  # allocated on first use, when the layout is known
+        # Unbounded, yet never more than the two slots plus one end marker or error.
+        self._ready: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self.spent = False
+        """True once the batcher has stopped assembling (budget spent or stopped)."""
+        self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
+        # The books the batcher keeps; the training thread only reads them.
+        self.global_step = 0
+        self.episodes = 0
+        self.dropped_lag = 0
+        self.lag_histogram: collections.Counter[int] = collections.Counter()
+        self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop assembling; fragments already taken are neither trained nor requeued."""
+        self._stop.set()
+        self._thread.join(5.0)
+
+    def next(self, timeout: float) -> ReadyBatch | None:
+        """The next batch, ready to train on (the device copy waited for), or None if none
+        came within `timeout` or the step budget is spent.
+
+        Raises:
+            ProtocolError, WorkerLostError: what the batcher ran into (streams failing).
+        """
+        try:
+            item = self._ready.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        if item is None:
+            self.spent = True
+            self._ready.put(None)  # stays "spent" for every later call
+            return None
+        if item.copied is not None:  # CUDA: the training stream waits for the copy
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(item.copied)
+            for tensor in _fields(item.batch).values():
+                if isinstance(tensor, torch.Tensor):
+                    tensor.record_stream(current)
+        return item
+
+    def begin_update(self) -> None:
+        """The training thread starts an update: hold credits back until it ends."""
+        with self._credit_lock:
+            self._updating = True
+
+    def end_update(self) -> list[tuple[object, int]]:
+        """The update ended (its weights offered): the credits held back meanwhile, for
+        the caller to return once those weights are on their way."""
+        with self._credit_lock:
+            self._updating = False
+            held, self._held = self._held, []
+        return held
+
+    def _credit(self, stream, generation: int) -> None:
+        with self._credit_lock:
+            if self._updating:
+                self._held.append((stream, generation))
+                return
+        self._return_credit(stream, generation)
+
+    def release(self, ready: ReadyBatch) -> None:
+        """The training thread is done with `ready`: its host slot may be refilled."""
+        self._free.put(ready.slot)
+
+    # -- the batcher thread ------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self._budget_spent():
+                    self._ready.put(None)
+                    return
+                slot = self._take(self._free)
+                if slot is False:
+                    return
+                ready = self._assemble(slot)
+                if ready is None:  # stopped, or the budget ran out with nothing taken
+                    self._ready.put(None)
+                    return
+                self._ready.put(ready)
+        except HetrlError as exc:
+            self._ready.put(exc)
+        except Exception as exc:  # a bug: the training thread must hear of it
+            log.exception("the batcher failed")
+            self._ready.put(HetrlError(f"the learner's batcher failed: {exc!r}"))
+
+    def _take(self, source: queue.Queue):
+        """Get from `source` unless stopped (then False)."""
+        while not self._stop.is_set():
+            try:
+                return source.get(timeout=0.5)
+            except queue.Empty:
+                continue
+        return False
+
+    def _assemble(self, slot: _HostSlot | None) -> ReadyBatch | None:
+        target = self._target()
+        wait_start = time.perf_counter()
+        waited = 0.0
+        infos: list[FragmentInfo] = []
+        returns: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
+        column = 0
+        while len(infos) < target:
+            if self._budget_spent():
+                if not infos:
+                    return None
+                break  # train what is here; no more steps are wanted
+            start = time.perf_counter()
+            fragment = self._next_fragment()
+            waited += time.perf_counter() - start
+            if fragment is None:
+                return None
+            if fragment is False:
+                continue
+            layout = _layout(fragment)
+            n = fragment.arrays.rewards.shape[1]
+            if slot is None or not slot.fits(layout, column + n):
+                slot = self._grow(slot, layout, column, max(target * n, column + n))
+            for name in BATCH_FIELDS:
+                slot.arrays[name][:, column:column + n] = getattr(fragment.arrays, name)
+            column += n
+            infos.append(FragmentInfo(fragment.policy_version, fragment.wait_seconds,
+                                      fragment.arrays.collect_seconds))
+            returns.append(fragment.arrays.episode_returns)
+            lengths.append(fragment.arrays.episode_lengths)
+        assert slot is not None
+        batch = self._to_batch(slot, column)
+        ready = ReadyBatch(batch, infos, np.concatenate(returns), np.concatenate(lengths),
+                           waited, slot)
+        if self._cuda:
+            assert self._copy_stream is not None
+            with torch.cuda.stream(self._copy_stream):
+                ready.batch = Batch(**{
+                    name: (value.to(self.device, non_blocking=True)
+                           if isinstance(value, torch.Tensor) else value)
+                    for name, value in _fields(batch).items()
+                })
+                ready.copied = torch.cuda.Event()
+                ready.copied.record(self._copy_stream)
+        log.debug("batch of %d fragments assembled in %.3f s (%.3f s waiting)",
+                  len(infos), time.perf_counter() - wait_start, waited)
+        return ready
+
+    def _grow(self, slot: _HostSlot | None, layout: dict, filled: int, columns: int
+              ) -> _HostSlot:
+        """A slot for `columns` columns of `layout`, keeping the `filled` ones already in."""
+        if slot is not None and slot.layout != layout:
+            raise ProtocolError(
+                "workers send fragments of different shapes (e.g. --fragment-length); "
+                "one learner needs them all alike")
+        bigger = _HostSlot(layout, columns, pin=self._cuda)
+        if slot is not None and filled:
+            for name in BATCH_FIELDS:
+                bigger.arrays[name][:, :filled] = slot.arrays[name][:, :filled]
+        return bigger
+
+    @staticmethod
+    def _to_batch(slot: _HostSlot, columns: int) -> Batch:
+        tensors = {_BATCH_NAMES.get(name, name): tensor[:, :columns]
+                   for name, tensor in slot.tensors.items()}
+        # Which steps to train on, counted here on the host so that the update never
+        # has to ask the device (a sync) how many there are.
+        valid = slot.arrays["valid"][:, :columns].reshape(-1)
+        count = int(np.count_nonzero(valid))
+        index = None if count == valid.size else torch.from_numpy(np.flatnonzero(valid))
+        return Batch(**tensors, valid_index=index, valid_count=count)
+
+    def _next_fragment(self) -> Fragment | bool | None:
+        """One fragment to train on; False if the one taken was dropped (or a failure was
+        handled), None if stopped.
+
+        Raises:
+            ProtocolError: a stream failed for a reason retrying cannot fix.
+            WorkerLostError: every stream has ended.
+        """
+        while not self._stop.is_set():
+            try:
+                item = self.fan_in.get(timeout=0.5)
+            except queue.Empty:
+                if not any(stream.alive for stream in self.streams):
+                    raise WorkerLostError(
+                        "every worker stream has ended; nothing to train on") from None
+                continue
+            if isinstance(item, StreamFailure):
+                self._on_stream_failure(item)
+                return False
+            stream, generation, fragment = item
+            self._credit(stream, generation)  # the worker may start its next fragment
+            self.global_step += fragment.steps
+            returns = fragment.arrays.episode_returns
+            self.recent_returns.extend(returns.tolist())
+            self.episodes += len(returns)
+            lag = self._train_version() - fragment.policy_version
+            self.lag_histogram[lag] += 1
+            if lag > self._max_policy_lag:
+                self.dropped_lag += 1
+                log.warning("dropped a fragment %d updates old (--max-policy-lag %d)",
+                            lag, self._max_policy_lag)
+                return False
+            return fragment
+        return None
+
+    def _on_stream_failure(self, failure: StreamFailure) -> None:
+        if isinstance(failure.error, ProtocolError):
+            raise failure.error
+        log.error("lost worker %s: %s", failure.address, failure.error)
+        if not any(stream.alive for stream in self.streams):
+            raise WorkerLostError(f"every worker is gone; the last: {failure.error}")
