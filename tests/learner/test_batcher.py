@@ -287,20 +287,34 @@ def test_threads_are_named() -> None:
 
 
 @pytest.fixture
-def served_worker():
+def serve_worker():
+    """Start an in-process worker (a real gRPC server on loopback); return its address.
+    A learner's Stop ends a worker, so each learner run gets its own."""
     from hetrl.rollout.settings import WorkerSettings
     from hetrl.rollout.transport import create_server
     from hetrl.rollout.worker import RolloutWorker, add_to_server
 
-    worker = RolloutWorker(WorkerSettings(env="CartPole-v1", envs_per_worker=3,
-                                          fragment_length=5))
-    server, port = create_server("127.0.0.1:0", "test-token")
-    add_to_server(worker, server)
-    server.start()
-    yield f"127.0.0.1:{port}"
-    worker.request_stop("test over")
-    server.stop(0).wait(5)
-    worker.close()
+    started = []
+
+    def serve() -> str:
+        worker = RolloutWorker(WorkerSettings(env="CartPole-v1", envs_per_worker=3,
+                                              fragment_length=5))
+        server, port = create_server("127.0.0.1:0", "test-token")
+        add_to_server(worker, server)
+        server.start()
+        started.append((worker, server))
+        return f"127.0.0.1:{port}"
+
+    yield serve
+    for worker, server in started:
+        worker.request_stop("test over")
+        server.stop(0).wait(5)
+        worker.close()
+
+
+@pytest.fixture
+def served_worker(serve_worker):
+    return serve_worker()
 
 
 @pytest.mark.parametrize("mode", ["drop", "fail"])
@@ -361,3 +375,21 @@ def test_the_update_never_syncs_with_the_host_on_cuda() -> None:
         ppo_update_async(policy, optimizer, batch, TrainSettings())
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_a_resumed_learner_counts_on_from_its_checkpoint(serve_worker, tmp_path) -> None:
+    import json
+
+    from hetrl.learner.learner import Learner
+
+    def run(total: int, resume: bool) -> dict:
+        settings = LearnerSettings(worker_addresses=(serve_worker(),), total_steps=total,
+                                   fragments_per_batch=1, out=str(tmp_path), progress=False,
+                                   resume=resume)
+        assert Learner(settings, "test-token").run() == 0
+        return json.loads((tmp_path / "summary.json").read_text())
+
+    first = run(15 * 4, resume=False)
+    second = run(15 * 8, resume=True)
+    assert second["resumed_from"] and second["global_step"] >= 15 * 8
+    assert second["policy_version"] > first["policy_version"]
