@@ -17,13 +17,14 @@ from tests.helpers import ROOT, processes_mentioning, wait_for
 
 
 def start(out: Path, *args: str, env: dict[str, str] | None = None):
-    out.mkdir(parents=True, exist_ok=True)
-    log = (out / "launcher.log").open("w")
+    # The launcher's log lives beside --out: a run refuses an --out that holds files.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = (out.parent / f"{out.name}.launcher.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetrl.launch", "local", "--out", str(out), "--no-progress", *args],
         cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, out / "launcher.log"
+    return proc, out.parent / f"{out.name}.launcher.log"
 
 
 def step(out: Path) -> int:
