@@ -179,16 +179,21 @@ def prepare_hosts(settings: EmulateSettings, learner_log: Path | None = None) ->
     return EmulatedCluster(root, learner, env_hosts, {}, environment, learner_log)
 
 
-def start_host(cluster: EmulatedCluster, host: str, wrapper: tuple[str, ...] = ()) -> Child:
+def start_host(cluster: EmulatedCluster, host: str, wrapper: tuple[str, ...] = (),
+               command: tuple[str, ...] = (), environment: dict[str, str] | None = None,
+               ) -> Child:
     """Start one host's entry point on its tree, as SageMaker starts it (or starts it
     again, as a replaced instance would: same tree, same token, same address).
-    `wrapper` is a command that runs the entry point (e.g. `ip netns exec NS`)."""
-    env = dict(cluster.environment, SAGEMAKER_BASE_DIR=str(cluster.root / "hosts" / host))
+    `wrapper` is a command that runs the entry point (e.g. `ip netns exec NS`); `command`
+    replaces the entry point itself (e.g. the job's sm_train.sh), and `environment` is
+    added to the host's."""
+    env = {**cluster.environment, "SAGEMAKER_BASE_DIR": str(cluster.root / "hosts" / host),
+           **(environment or {})}
     # The learner host's log is the run's progress: show it; env hosts log to files.
     log_path = cluster.learner_log if host == cluster.learner else (
         cluster.root / "hosts" / host / "host.log")
-    command = [*wrapper, *PYTHON, "-m", "hetrl.launch.host"]
-    child = spawn_command(host, command, env, log_path)
+    command = (*wrapper, *(command or (*PYTHON, "-m", "hetrl.launch.host")))
+    child = spawn_command(host, list(command), env, log_path)
     cluster.hosts[host] = child
     return child
 

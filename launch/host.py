@@ -6,17 +6,21 @@ hyperparameters (then any command-line flags), and branches on the host's instan
 group: env groups run `run_env_host`, the learner group runs `run_learner_host`; a
 homogeneous job (one group, e.g. a single GPU instance) runs the local mode on its one
 host. Any failure is written to `<base>/output/failure` before a non-zero exit.
+
+A job stop reaches a host only as SIGTERM to the container's PID 1, so this process must
+be PID 1 (the job's command execs it); a host under SageMaker that is not says so.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from hetrl.launch.cluster import ClusterView, read_cluster, settings_overrides
 from hetrl.launch.settings import ClusterSettings, LocalSettings
 from hetrl.rollout.errors import ConfigError, HetrlError
-from hetrl.rollout.lifetime import die_with_parent
+from hetrl.rollout.lifetime import catch_stop_early, die_with_parent
 from hetrl.rollout.settings import pick
 from hetrl.rollout.transport import token_from_env
 
@@ -75,10 +79,24 @@ def _run_homogeneous(settings: ClusterSettings, cluster: ClusterView) -> int:
     return run_local(local).exit_code
 
 
+def warn_unless_pid_1(pid: int | None = None) -> bool:
+    """Under SageMaker (TRAINING_JOB_NAME set), warn when this process is not PID 1: the
+    job's stop (SIGTERM to PID 1) then may not reach it. Return whether it warned."""
+    pid = os.getpid() if pid is None else pid
+    if pid == 1 or not os.environ.get("TRAINING_JOB_NAME"):
+        return False
+    log.warning("this host runs as PID %d, not PID 1 of its container: a job stop or spot "
+                "interruption (SIGTERM to PID 1) may never reach it, so there would be no "
+                "final checkpoint. Start it with `exec python3 launcher.py`.", pid)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
+    catch_stop_early()  # a SIGTERM before the role's own handler is kept, not lost
     die_with_parent()  # first: no host process outlives whoever started it
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    warn_unless_pid_1()
     argv = sys.argv[1:] if argv is None else argv
     cluster: ClusterView | None = None
     try:

@@ -28,6 +28,7 @@ from hetrl.learner.learner import Learner
 from hetrl.learner.settings import LearnerSettings
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.lifetime import early_stop
 from hetrl.rollout.settings import WorkerSettings, pick
 from hetrl.rollout.transport import auth_metadata, create_channel, transport_options
 
@@ -189,6 +190,8 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if (early := early_stop()) is not None:  # the job stopped while this host started
+        stop_reason.append(early)
     code, reason = EXIT_FAILED, "failed"
     try:
         local_addresses = _start_local_workers(settings, cluster, token, local)

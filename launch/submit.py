@@ -36,7 +36,18 @@ log = logging.getLogger(__name__)
 PACKAGE = "hetrl"
 """hetrl's own package (the rooms under it), copied into the job's code directory."""
 ENTRY_SCRIPT = "launcher.py"
-LAUNCHER = "from hetrl.launch.host import main\nraise SystemExit(main())\n"
+LAUNCHER = '''"""Entry point of every host of this hetrl job. SageMaker runs it as `exec python3
+launcher.py`, so this process is the container's PID 1 and receives the job's SIGTERM."""
+from hetrl.rollout.lifetime import catch_stop_early
+
+catch_stop_early()  # before the heavy imports: a SIGTERM to PID 1 without a handler is lost
+from hetrl.launch.host import main  # noqa: E402
+
+raise SystemExit(main())
+'''
+# `exec`: sm_train.sh runs the command with `eval "$CMD"` followed by an `echo`, so without
+# it bash forks the command and stays PID 1, and bash as PID 1 drops the stop's SIGTERM.
+COMMAND = f"exec python3 {ENTRY_SCRIPT}"
 REQUIREMENTS = "requirements.txt"
 _RESERVED = (PACKAGE, ENTRY_SCRIPT, REQUIREMENTS)
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
@@ -202,14 +213,17 @@ def stage_code(settings: SubmitSettings, into: Path) -> None:
     (into / ENTRY_SCRIPT).write_text(LAUNCHER)
 
 
-def build_request(settings: SubmitSettings) -> dict[str, Any]:
+def build_request(settings: SubmitSettings,
+                  channels_into: Path | None = None) -> dict[str, Any]:
     """The CreateTrainingJob request of `settings` as the SDK builds it, with a fresh
-    HETRL_TOKEN; needs neither credentials nor network, and sends nothing.
+    HETRL_TOKEN; needs neither credentials nor network, and sends nothing. With
+    `channels_into`, the local folders the SDK would upload (channels `code` and
+    `sm_drivers`, the latter holding its sm_train.sh) are copied there, one per channel.
 
     Raises:
         ConfigError: the SDK is missing, or it or botocore refuses the settings.
     """
-    return _drive(settings, dry_run=True)
+    return _drive(settings, dry_run=True, channels_into=channels_into)
 
 
 def submit(settings: SubmitSettings) -> str:
@@ -252,11 +266,7 @@ def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any) -> Any
         role=settings.role,
         base_job_name=job_prefix(settings),
         training_image=training_image(settings),
-        # `command`, not `entry_script`: the SDK's script driver would also pass every
-        # hyperparameter as `--key value` (lists as "[64, 64]", bools as "false"), which the
-        # entry point's flag parser refuses; it reads them from hyperparameters.json instead.
-        source_code=configs.SourceCode(source_dir=str(code_dir), requirements=REQUIREMENTS,
-                                       command=f"python3 {ENTRY_SCRIPT}"),
+        source_code=source_code(settings, code_dir),
         compute=configs.Compute(instance_groups=groups, volume_size_in_gb=settings.volume_size_gb,
                                 enable_managed_spot_training=settings.spot),
         stopping_condition=configs.StoppingCondition(
@@ -271,6 +281,18 @@ def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any) -> Any
         # Visible in clear to whoever may DescribeTrainingJob; hosts mask it in their logs.
         environment={"HETRL_TOKEN": secrets.token_urlsafe(32)},
     )
+
+
+def source_code(settings: SubmitSettings, code_dir: Path) -> Any:
+    """The job's `SourceCode`: `code_dir`, its requirements, and the command sm_train.sh runs."""
+    _require_sdk()
+    from sagemaker.core.training import configs
+
+    # `command`, not `entry_script`: the SDK's script driver would also pass every
+    # hyperparameter as `--key value` (lists as "[64, 64]", bools as "false"), which the
+    # entry point's flag parser refuses; it reads them from hyperparameters.json instead.
+    return configs.SourceCode(source_dir=str(code_dir), requirements=REQUIREMENTS,
+                              command=COMMAND)
 
 
 def training_image(settings: SubmitSettings) -> str:
@@ -328,7 +350,8 @@ def _refuse_send(request: Any, **_: Any) -> None:
     raise ConfigError(f"hetrl dry run: refusing to send a request to {request.url}")
 
 
-def _drive(settings: SubmitSettings, dry_run: bool) -> dict[str, Any]:
+def _drive(settings: SubmitSettings, dry_run: bool,
+           channels_into: Path | None = None) -> dict[str, Any]:
     from unittest import mock  # patch.dict: a scoped, restored environment change
 
     _require_sdk()
@@ -351,7 +374,8 @@ def _drive(settings: SubmitSettings, dry_run: bool) -> dict[str, Any]:
         try:
             with mock.patch.dict(os.environ, skip_role_check):
                 trainer = build_trainer(settings, Path(code_dir),
-                                        _session(settings, boto_session, dry_run))
+                                        _session(settings, boto_session, dry_run,
+                                                 channels_into))
             trainer.train(wait=False, logs=False)
         except _Stop:
             pass
@@ -373,8 +397,10 @@ def _drive(settings: SubmitSettings, dry_run: bool) -> dict[str, Any]:
     return capture.request
 
 
-def _session(settings: SubmitSettings, boto_session: Any, dry_run: bool) -> Any:
-    """A sagemaker Session that stages code under --output; with dry_run, offline."""
+def _session(settings: SubmitSettings, boto_session: Any, dry_run: bool,
+             channels_into: Path | None = None) -> Any:
+    """A sagemaker Session that stages code under --output; with dry_run, offline (and
+    copying each uploaded folder to channels_into/<channel> when given)."""
     from sagemaker.core.config.config import load_sagemaker_config
     from sagemaker.core.helper.session_helper import Session
 
@@ -394,6 +420,9 @@ def _session(settings: SubmitSettings, boto_session: Any, dry_run: bool) -> Any:
             bucket, key_prefix = self.determine_bucket_and_prefix(
                 bucket=bucket, key_prefix=key_prefix, sagemaker_session=self)
             name = "" if os.path.isdir(path) else "/" + os.path.basename(path)
+            if channels_into is not None and os.path.isdir(path):
+                channel = key_prefix.rstrip("/").rsplit("/", 1)[-1]
+                shutil.copytree(path, channels_into / channel, dirs_exist_ok=True)
             return f"s3://{bucket}/{key_prefix}{name}"
 
     # The user's SDK defaults apply as in a real submission, plus the SDK's telemetry
