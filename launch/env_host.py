@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -107,7 +108,8 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
             port=settings.worker_base_port + i, ready_file="",
             learner_timeout=settings.startup_timeout + settings.loss_timeout,
         )
-        return spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env)
+        return spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env,
+                     echo=sys.__stdout__, echo_prefix=f"[{cluster.current_host} worker-{i}] ")
 
     control = HostControl(cluster.current_host, addresses, usable_cores())
 

@@ -26,11 +26,14 @@ import pytest
 from hetrl.launch.emulate import EmulateSettings, collect_result, prepare_hosts, start_host
 from hetrl.launch.host import warn_unless_pid_1
 from hetrl.launch.processes import stop_all
-from hetrl.launch.submit import COMMAND, SubmitSettings, build_request
+from hetrl.launch.submit import (
+    COMMAND,
+    SAGEMAKER_STOP_WINDOW,
+    SubmitSettings,
+    build_request,
+)
 from tests.helpers import wait_for
 from tests.reliability.cluster import learner_step
-
-SAGEMAKER_STOP_WINDOW = 120.0  # SIGKILL follows SIGTERM after this many seconds
 
 
 def _namespaces_refused() -> str:
@@ -56,7 +59,7 @@ def _container_command(request: dict, tree: Path) -> list[str]:
             "/bin/sh", "-c", setup, "sh", *container]
 
 
-def test_the_job_command_execs_the_launcher(tmp_path: Path) -> None:
+def test_the_job_command_execs_the_launcher(tmp_path: Path, aws_offline) -> None:
     pytest.importorskip("sagemaker.train")
     request = build_request(_submit_settings(), channels_into=tmp_path)
     script = (tmp_path / "sm_drivers" / "sm_train.sh").read_text()
@@ -82,7 +85,7 @@ def _submit_settings(**overrides) -> SubmitSettings:
 
 
 def test_sigterm_to_pid_1_of_every_host_checkpoints_and_every_host_exits_0(
-        tmp_path: Path) -> None:
+        tmp_path: Path, aws_offline) -> None:
     pytest.importorskip("sagemaker.train")
     refused = _namespaces_refused()
     if refused:
@@ -133,12 +136,23 @@ def test_sigterm_to_pid_1_of_every_host_checkpoints_and_every_host_exits_0(
     learner_tree = cluster.root / "hosts" / cluster.learner
     checkpoints = list((learner_tree / "checkpoints").glob("ckpt-*"))
     assert checkpoints and max(p.stat().st_mtime for p in checkpoints) >= signalled
+    # the final model also sits beside the checkpoints, which SageMaker syncs with S3
+    assert (learner_tree / "checkpoints" / "final" / "model.safetensors").stat().st_mtime \
+        >= signalled
     summary = json.loads((learner_tree / "model" / "summary.json").read_text())
     assert summary["outcome"] == "stopped: signal SIGTERM"
     for host in cluster.env_hosts:
         text = logs[host].read_text()
         assert "env host" in text and "stopped" in text, text[-2000:]
         assert "not PID 1" not in text
+        # the container's stdout (CloudWatch) has every process's lines, prefixed
+        assert f"[{host} env-host] " in text and f"[{host} worker-0] " in text
+        kept = cluster.root / "hosts" / host / "output" / "data" / host
+        assert {p.name for p in kept.glob("*.log")} == {"env-host.log", "worker-0.log"}
+        assert "stop" in (kept / "worker-0.log").read_text()
+    assert f"[{cluster.learner} learner] " in logs[cluster.learner].read_text()
+    kept = learner_tree / "output" / "data" / cluster.learner
+    assert "checkpoint" in (kept / "learner.log").read_text()
     assert elapsed < SAGEMAKER_STOP_WINDOW / 2, elapsed
     print(f"\nSIGTERM to PID 1 of {len(pid_1)} hosts: final checkpoint at step "
           f"{summary['global_step']}, every host exited 0 after {elapsed:.1f} s")
