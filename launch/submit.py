@@ -14,6 +14,7 @@ module level: the SDK is the optional extra `hetrl[sagemaker]`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
@@ -24,6 +25,7 @@ import re
 import secrets
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,10 @@ _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/\S+")
 _S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?")
 _JOB_PREFIX = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")
+SAGEMAKER_STOP_WINDOW = 120.0
+"""Seconds between a stop's SIGTERM and SageMaker's SIGKILL (stop, spot interruption)."""
+STOP_BUDGET_MAX = 100.0
+"""Largest --stop-budget a job accepts: leaves 20 s of SageMaker's window for the S3 sync."""
 _JOB_PREFIX_MAX = 63 - 15  # the SDK appends -YYYYmmddHHMMSS to the 63-character name
 
 
@@ -98,6 +104,8 @@ class SubmitSettings(ClusterSettings):
     """Storage volume of each host, in GB."""
     dry_run: bool = False
     """Print the CreateTrainingJob request as JSON and send nothing (no credentials needed)."""
+    verbose: bool = False
+    """Also show the sagemaker SDK's and botocore's own log lines (secrets masked)."""
 
     def __post_init__(self) -> None:
         require(bool(_ROLE_ARN.fullmatch(self.role)),
@@ -126,6 +134,10 @@ class SubmitSettings(ClusterSettings):
         else:
             require(self.max_wait == 0, "--max-wait applies only with --spot")
         require(self.volume_size_gb >= 1, "--volume-size-gb must be >= 1")
+        require(self.stop_budget <= STOP_BUDGET_MAX,
+                f"--stop-budget must be <= {STOP_BUDGET_MAX:.0f} s, got {self.stop_budget:g}: "
+                f"SageMaker kills every host {SAGEMAKER_STOP_WINDOW:.0f} s after a stop's "
+                "SIGTERM, and the final checkpoint still has to reach S3")
         require(not self.job_name or (len(self.job_name) <= _JOB_PREFIX_MAX
                                       and bool(_JOB_PREFIX.fullmatch(self.job_name))),
                 f"--job-name must be letters, digits and hyphens, at most {_JOB_PREFIX_MAX} "
@@ -236,17 +248,78 @@ def submit(settings: SubmitSettings) -> str:
 
 
 def run_submit(settings: SubmitSettings) -> int:
-    """`hetrl submit`: print the dry-run request (JSON) or the created job's name; 0."""
+    """`hetrl submit`: print the dry-run request (JSON, secrets masked) or the created
+    job's name; 0."""
     if settings.dry_run:
-        # The request includes HETRL_TOKEN in clear: whoever can DescribeTrainingJob sees it.
-        print(json.dumps(build_request(settings), indent=2, sort_keys=True, default=str))
+        request = mask_secrets(build_request(settings))
+        print(json.dumps(request, indent=2, sort_keys=True, default=str))
     else:
         print(submit(settings))
     return 0
 
 
-def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any) -> Any:
-    """The sagemaker `ModelTrainer` of `settings`, with `code_dir` as its source code.
+MASK = "******"
+"""What a secret shows as wherever hetrl prints or logs it (as the SDK's own drivers do)."""
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL", "PRIVATE")
+_SDK_LOGGERS = ("sagemaker", "sagemaker_core", "botocore", "boto3", "s3transfer", "urllib3")
+
+
+def mask_secrets(request: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a CreateTrainingJob request with every environment value whose name
+    says it is secret (HETRL_TOKEN, ..._SECRET_..., ..._KEY) replaced by MASK."""
+    masked = dict(request)
+    if "Environment" in masked:
+        masked["Environment"] = {
+            key: MASK if any(word in key.upper() for word in _SECRET_WORDS) else value
+            for key, value in masked["Environment"].items()}
+    return masked
+
+
+class _MaskFilter(logging.Filter):
+    """Replaces the given secrets by MASK in every record a handler emits."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if s]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if any(secret in message for secret in self.secrets):
+            for secret in self.secrets:
+                message = message.replace(secret, MASK)
+            record.msg, record.args = message, None
+        return True
+
+
+@contextlib.contextmanager
+def _sdk_logging(verbose: bool, secrets: list[str]) -> Iterator[None]:
+    """While the SDK runs: its loggers (and botocore's) silent unless `verbose`, since
+    hetrl's own errors already say what failed and what to do; and `secrets` masked in
+    whatever any handler emits."""
+    names = {name for name in logging.root.manager.loggerDict
+             if name.split(".")[0] in _SDK_LOGGERS} | set(_SDK_LOGGERS)
+    levels = {name: logging.getLogger(name).level for name in names}
+    if not verbose:
+        for name in names:
+            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    loggers = [logging.root, *(logging.getLogger(name) for name in names)]
+    handlers = {handler for logger in loggers for handler in logger.handlers}
+    mask = _MaskFilter(secrets)
+    for handler in handlers:
+        handler.addFilter(mask)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(mask)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any,
+                  token: str = "") -> Any:
+    """The sagemaker `ModelTrainer` of `settings`, with `code_dir` as its source code and
+    `token` (empty: a fresh one) as the job's HETRL_TOKEN.
 
     Raises:
         ConfigError: the SDK is missing or no image can be resolved.
@@ -279,7 +352,7 @@ def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any) -> Any
                                                    local_path=settings.checkpoint_dir),
         hyperparameters=hyperparameters(settings),
         # Visible in clear to whoever may DescribeTrainingJob; hosts mask it in their logs.
-        environment={"HETRL_TOKEN": secrets.token_urlsafe(32)},
+        environment={"HETRL_TOKEN": token or secrets.token_urlsafe(32)},
     )
 
 
@@ -369,13 +442,15 @@ def _drive(settings: SubmitSettings, dry_run: bool,
     boto_session = boto3.Session(botocore_session=core, region_name=settings.region)
     # Offline the SDK's IAM check of --role cannot run: skip it rather than warn.
     skip_role_check = {"SAGEMAKER_VALIDATE_ROLE": "false"} if dry_run else {}
-    with tempfile.TemporaryDirectory(prefix="hetrl-job-") as code_dir:
+    token = secrets.token_urlsafe(32)
+    with (tempfile.TemporaryDirectory(prefix="hetrl-job-") as code_dir,
+          _sdk_logging(settings.verbose, [token])):
         stage_code(settings, Path(code_dir))
         try:
             with mock.patch.dict(os.environ, skip_role_check):
                 trainer = build_trainer(settings, Path(code_dir),
                                         _session(settings, boto_session, dry_run,
-                                                 channels_into))
+                                                 channels_into), token)
             trainer.train(wait=False, logs=False)
         except _Stop:
             pass
