@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import importlib.metadata
 import importlib.util
 import json
@@ -60,6 +61,9 @@ SAGEMAKER_STOP_WINDOW = 120.0
 """Seconds between a stop's SIGTERM and SageMaker's SIGKILL (stop, spot interruption)."""
 STOP_BUDGET_MAX = 100.0
 """Largest --stop-budget a job accepts: leaves 20 s of SageMaker's window for the S3 sync."""
+MIN_VOLUME_GB = 25
+"""Volume the resolved AWS PyTorch training image needs (an estimate: the GPU images
+unpack to roughly 20 GB); with --image, the user knows their image."""
 _JOB_PREFIX_MAX = 63 - 15  # the SDK appends -YYYYmmddHHMMSS to the 63-character name
 
 
@@ -98,6 +102,9 @@ class SubmitSettings(ClusterSettings):
     """Your code directory (custom env modules...), merged at the top of the job's code."""
     requirements: str = ""
     """Requirements file inside --source-dir, installed on every host."""
+    no_requirements: bool = False
+    """Install nothing at start: the image (--image) already has hetrl's dependencies and
+    yours (see launch/Dockerfile); needed where hosts have no internet access."""
     job_name: str = ""
     """Job name prefix (a timestamp is appended); empty is hetrl-<env>."""
     volume_size_gb: int = 30
@@ -144,6 +151,8 @@ class SubmitSettings(ClusterSettings):
                 f"characters, got {self.job_name!r}")
         require(not self.source_dir or Path(self.source_dir).is_dir(),
                 f"--source-dir {self.source_dir!r} is not a directory")
+        require(not (self.no_requirements and self.requirements),
+                "--no-requirements and --requirements exclude each other")
         require(not self.requirements or (bool(self.source_dir) and (
             Path(self.source_dir) / self.requirements).is_file()),
                 f"--requirements {self.requirements!r} must name a file inside --source-dir")
@@ -172,9 +181,63 @@ def hyperparameters(settings: ClusterSettings) -> dict[str, str]:
     require(len(values) <= 100, f"{len(values)} settings differ from their defaults; a job "
             "takes at most 100 hyperparameters")
     for key, value in values.items():
-        require(len(value) <= 2500, f"--{key.replace('_', '-')} is too long for a "
-                "hyperparameter (2500 characters)")
+        flag = f"--{key.replace('_', '-')}"
+        require(len(value) <= 2500, f"{flag} is too long for a hyperparameter (2500 characters)")
+        # sm_train.sh sources `export SM_HP_KEY='value'` under `set -e`: a quote ends the
+        # string there and every host would fail before hetrl starts.
+        require("'" not in value, f"{flag} {value} contains a ' (single quote), which "
+                "SageMaker's sm_train.sh cannot pass on: remove it")
     return values
+
+
+# Env ids whose simulator is an optional gymnasium extra, and requirement names that
+# install it (a line naming one of them, e.g. gymnasium[mujoco]>=1.0 or ale-py).
+_ENV_EXTRAS = {
+    "MuJoCo": (re.compile(r"(Ant|HalfCheetah|Hopper|Humanoid|HumanoidStandup|"
+                          r"InvertedPendulum|InvertedDoublePendulum|Pusher|Reacher|Swimmer|"
+                          r"Walker2d)-v\d+"), ("gymnasium[mujoco]", "mujoco"),
+               "gymnasium[mujoco]>=1.0,<2"),
+    "Atari": (re.compile(r"ALE/.+"), ("gymnasium[atari]", "ale-py", "ale_py"), "ale-py>=0.9"),
+}
+
+
+def check_on_aws_terms(settings: SubmitSettings) -> list[str]:
+    """Refuse now what would fail later on the hosts; return warnings it also logged.
+
+    Raises:
+        ConfigError: an instance type SageMaker training does not offer (botocore's
+            service model lists them), a hyperparameter sm_train.sh cannot pass, or a
+            volume too small for the image.
+    """
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    offered = set(model.shape_for("TrainingInstanceType").enum)
+    for flag, value in (("--env-type", settings.env_type),
+                        ("--learner-type", settings.learner_type)):
+        if value not in offered:
+            near = difflib.get_close_matches(value, sorted(offered), n=3)
+            raise ConfigError(f"{flag} {value} is not a SageMaker training instance type"
+                              + (f"; did you mean {', '.join(near)}?" if near else ""))
+    hyperparameters(settings)  # raises on a ' or an over-long value
+    minimum = MIN_VOLUME_GB if not settings.image else 1
+    require(settings.volume_size_gb >= minimum,
+            f"--volume-size-gb {settings.volume_size_gb} is too small: the AWS PyTorch "
+            f"training image needs about {MIN_VOLUME_GB} GB on each host")
+    warnings = []
+    if not settings.no_requirements:
+        lines = requirement_lines(settings)
+        for name, (pattern, installers, line) in _ENV_EXTRAS.items():
+            if pattern.fullmatch(settings.env) and not any(
+                    line_.lower().startswith(installer) for line_ in lines
+                    for installer in installers):
+                warnings.append(f"--env {settings.env} needs {name} on every host, and no "
+                                f"requirements line installs it: add '{line}' to your "
+                                "--requirements file (or use an --image that has it with "
+                                "--no-requirements)")
+    for warning in warnings:
+        log.warning("%s", warning)
+    return warnings
 
 
 def job_prefix(settings: SubmitSettings) -> str:
@@ -200,6 +263,14 @@ def runtime_requirements() -> list[str]:
             and re.split(r"[^A-Za-z0-9._-]", line.strip(), maxsplit=1)[0].lower() != "torch"]
 
 
+def requirement_lines(settings: SubmitSettings) -> list[str]:
+    """The job's requirements.txt: hetrl's runtime dependencies, then --requirements."""
+    lines = runtime_requirements()
+    if settings.requirements:
+        lines += (Path(settings.source_dir) / settings.requirements).read_text().splitlines()
+    return lines
+
+
 def stage_code(settings: SubmitSettings, into: Path) -> None:
     """Fill `into` with the job's code: hetrl's packages, launcher.py, requirements.txt
     (hetrl's runtime dependencies, then the lines of --requirements) and the contents of
@@ -210,7 +281,6 @@ def stage_code(settings: SubmitSettings, into: Path) -> None:
         ConfigError: --source-dir holds a top-level name hetrl needs for itself.
     """
     _copy_package(into / PACKAGE)
-    lines = runtime_requirements()
     if settings.source_dir:
         source = Path(settings.source_dir)
         allowed = {REQUIREMENTS} if Path(settings.requirements) == Path(REQUIREMENTS) else set()
@@ -219,9 +289,8 @@ def stage_code(settings: SubmitSettings, into: Path) -> None:
                 "which hetrl's job code uses: rename or move them (a requirements.txt "
                 "there is fine when passed as --requirements)")
         shutil.copytree(source, into, ignore=_IGNORE, dirs_exist_ok=True)
-        if settings.requirements:
-            lines += (source / settings.requirements).read_text().splitlines()
-    (into / REQUIREMENTS).write_text("\n".join(lines) + "\n")
+    if not settings.no_requirements:
+        (into / REQUIREMENTS).write_text("\n".join(requirement_lines(settings)) + "\n")
     (into / ENTRY_SCRIPT).write_text(LAUNCHER)
 
 
@@ -364,8 +433,9 @@ def source_code(settings: SubmitSettings, code_dir: Path) -> Any:
     # `command`, not `entry_script`: the SDK's script driver would also pass every
     # hyperparameter as `--key value` (lists as "[64, 64]", bools as "false"), which the
     # entry point's flag parser refuses; it reads them from hyperparameters.json instead.
-    return configs.SourceCode(source_dir=str(code_dir), requirements=REQUIREMENTS,
-                              command=COMMAND)
+    return configs.SourceCode(
+        source_dir=str(code_dir), command=COMMAND,
+        requirements=None if settings.no_requirements else REQUIREMENTS)
 
 
 def training_image(settings: SubmitSettings) -> str:
@@ -428,6 +498,7 @@ def _drive(settings: SubmitSettings, dry_run: bool,
     from unittest import mock  # patch.dict: a scoped, restored environment change
 
     _require_sdk()
+    check_on_aws_terms(settings)
     import boto3
     import botocore.session
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError

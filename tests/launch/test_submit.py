@@ -291,3 +291,34 @@ def test_verbose_sdk_lines_pass_with_secrets_masked():
         "hetrl line ******",  # quiet: only hetrl's own line, masked
         "No region provided; env HETRL_TOKEN=******", "hetrl line ******"]  # verbose
     sdk.warning("after")  # levels are restored afterwards
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(env_type="ml.c5.9xlarg"), r"--env-type ml.c5.9xlarg is not a SageMaker training "
+                                    r"instance type; did you mean ml.c5.9xlarge"),
+    (dict(learner_type="ml.g5.3xlarge"), "--learner-type ml.g5.3xlarge is not"),
+    (dict(env="My'Env-v0"), r"--env .* contains a ' \(single quote\)"),
+    (dict(image="", volume_size_gb=10), "--volume-size-gb 10 is too small"),
+])
+def test_what_would_fail_on_the_hosts_is_refused_at_submit(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        build_request(example(**changes))
+
+
+def test_mujoco_without_a_requirement_warns_and_no_requirements_installs_nothing(tmp_path):
+    from hetrl.launch.submit import check_on_aws_terms
+
+    (warning,) = check_on_aws_terms(example(env="Humanoid-v5"))
+    assert "needs MuJoCo" in warning and "gymnasium[mujoco]" in warning
+    assert "needs Atari" in check_on_aws_terms(example(env="ALE/Pong-v5"))[0]
+    (tmp_path / "reqs.txt").write_text("gymnasium[mujoco]>=1.0,<2\n")
+    assert check_on_aws_terms(example(env="Humanoid-v5", source_dir=str(tmp_path),
+                                      requirements="reqs.txt")) == []
+    assert check_on_aws_terms(example(env="CartPole-v1")) == []
+    # An image that has everything: no requirements.txt, no install step in sm_train.sh
+    request = build_request(example(env="Humanoid-v5", no_requirements=True),
+                            channels_into=tmp_path / "channels")
+    assert not (tmp_path / "channels" / "code" / "requirements.txt").exists()
+    script = (tmp_path / "channels" / "sm_drivers" / "sm_train.sh").read_text()
+    assert "install_requirements" not in script and "exec python3 launcher.py" in script
+    assert_valid_for_botocore(request)
