@@ -9,6 +9,7 @@ import sys
 import tyro
 
 from hetrl.launch.emulate import EmulateSettings
+from hetrl.launch.jobs import FetchSettings
 from hetrl.launch.plan import PlanSettings
 from hetrl.launch.settings import ClusterSettings, LocalSettings, ReportSettings
 from hetrl.launch.submit import SubmitSettings  # imports no SDK; it loads only when used
@@ -52,6 +53,12 @@ def _submit(settings: SubmitSettings) -> int:
     return run_submit(settings)
 
 
+def _fetch(settings: FetchSettings) -> int:
+    from hetrl.launch.jobs import run_fetch
+
+    return run_fetch(settings)
+
+
 def _report(settings: ReportSettings) -> int:
     from pathlib import Path
 
@@ -83,6 +90,7 @@ COMMANDS = {
     "launch": (ClusterSettings, _launch),
     "emulate": (EmulateSettings, _emulate),
     "submit": (SubmitSettings, _submit),
+    "fetch": (FetchSettings, _fetch),
     "report": (ReportSettings, _report),
     "plan": (PlanSettings, _plan),
     "worker": (WorkerSettings, _worker),

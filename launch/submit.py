@@ -113,6 +113,9 @@ class SubmitSettings(ClusterSettings):
     """Print the CreateTrainingJob request as JSON and send nothing (no credentials needed)."""
     verbose: bool = False
     """Also show the sagemaker SDK's and botocore's own log lines (secrets masked)."""
+    wait: bool = False
+    """After creating the job, print its hosts' log lines until it ends, then its status;
+    exit 0 only if it Completed."""
 
     def __post_init__(self) -> None:
         require(bool(_ROLE_ARN.fullmatch(self.role)),
@@ -140,6 +143,7 @@ class SubmitSettings(ClusterSettings):
                     "with --spot, or be 0 for twice --max-run")
         else:
             require(self.max_wait == 0, "--max-wait applies only with --spot")
+        require(not (self.wait and self.dry_run), "--wait needs a real job: drop --dry-run")
         require(self.volume_size_gb >= 1, "--volume-size-gb must be >= 1")
         require(self.stop_budget <= STOP_BUDGET_MAX,
                 f"--stop-budget must be <= {STOP_BUDGET_MAX:.0f} s, got {self.stop_budget:g}: "
@@ -318,13 +322,22 @@ def submit(settings: SubmitSettings) -> str:
 
 def run_submit(settings: SubmitSettings) -> int:
     """`hetrl submit`: print the dry-run request (JSON, secrets masked) or the created
-    job's name; 0."""
+    job's name (then with --wait its logs and status); the exit code."""
     if settings.dry_run:
         request = mask_secrets(build_request(settings))
         print(json.dumps(request, indent=2, sort_keys=True, default=str))
-    else:
-        print(submit(settings))
-    return 0
+        return 0
+    job = submit(settings)
+    print(job, flush=True)
+    if not settings.wait:
+        return 0
+    import boto3
+
+    from hetrl.launch.jobs import follow
+
+    session = boto3.Session(region_name=settings.region)
+    status = follow(session.client("sagemaker"), session.client("logs"), job)
+    return 0 if status == "Completed" else 1
 
 
 MASK = "******"

@@ -215,6 +215,8 @@ def test_user_code_may_not_shadow_hetrl(tmp_path, name):
     (dict(source_dir="/nonexistent/hetrl"), "--source-dir"),
     (dict(learning_rate=0.0), "--learning-rate"),
     (dict(stop_budget=120.0), "--stop-budget"),
+    (dict(wait=True), "--wait"),
+    (dict(no_requirements=True, requirements="r.txt"), "--no-requirements"),
 ])
 def test_bad_settings_name_the_flag(changes, flag):
     with pytest.raises(ConfigError, match=flag):
