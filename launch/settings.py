@@ -113,7 +113,9 @@ class ReportSettings:
     """Instance type each local run stands for, in the order of the runs (cluster runs
     record their own)."""
     prices: str = ""
-    """A JSON price file overriding the shipped table (same format as launch/prices.json)."""
+    """A JSON price file overriding the shipped table (same format as launch/prices.json),
+    or `live` / `live:REGION` for current prices from the AWS Price List API (needs AWS
+    credentials; cached a day; the shipped table, with a line saying so, without)."""
 
     def __post_init__(self) -> None:
         require(len(self.runs) in (1, 2), "give one run directory, or two to compare")
