@@ -111,3 +111,16 @@ def test_load_prices_live_merges_over_the_shipped_table(monkeypatch, capsys) -> 
     fallback = load_prices("live:ap-south-1")
     assert fallback.region == "us-east-1"
     assert "using the shipped table" in capsys.readouterr().err
+
+
+def test_every_shipped_figure_cites_a_public_source_or_says_it_is_derived() -> None:
+    data = json.loads(prices.PRICES_FILE.read_text())
+    unfollowable = ("R4", "brief", "search-store", "not stated")
+    for name, entry in data["instances"].items():
+        assert bool(entry.get("source")) != bool(entry.get("derived")), name
+        if "derived" in entry:
+            assert entry["derived"].startswith("derivation, not a published figure"), name
+        else:
+            assert "aws.amazon.com" in entry["source"] or "AWS" in entry["source"], name
+        text = json.dumps(entry) + json.dumps(data["notes"])
+        assert not any(word in text for word in unfollowable), name
