@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
-#   make train   creates .venv, installs hetrl, trains CartPole-v1 locally (the default run)
-#   make test    creates .venv, installs hetrl with its test tools, runs lint and the tests
+#   make train   creates .venv, installs hetrl (the core package only), trains CartPole-v1
+#   make test    also installs the extras (SageMaker SDK, MuJoCo, Atari, video, test tools),
+#                then runs lint and the tests
 #
 # torch: TORCH pins the CPU build this project is developed against. Where plain PyPI would
 # hand you a multi-GB CUDA build you do not want, point pip at PyTorch's CPU wheels:
@@ -18,17 +19,23 @@ BENCH_ARGS ?=
 
 .PHONY: setup train test lint bench protos clean
 
-$(VENV)/.installed: pyproject.toml
+# Training needs only the core package; the extras (the sagemaker SDK alone is ~800 MB)
+# come with the tests.
+$(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,sagemaker,mujoco,atari,bench]'
+	$(PY) -m pip install $(PIP_FLAGS) -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.core
+	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,sagemaker,mujoco,atari,bench,video]'
 	touch $@
 
 setup: $(VENV)/.installed
 
-train: setup
+train: $(VENV)/.core
 	$(VENV)/bin/hetrl local --env CartPole-v1 --workers 2 --envs-per-worker 8 \
-		--total-steps 300000 --seed 1 --out runs/cartpole
+		--total-steps 300000 --seed 1
 
 test: setup
 	$(VENV)/bin/ruff check .

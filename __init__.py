@@ -2,8 +2,8 @@
 
 The repository root is the `hetrl` package; its four rooms are subpackages, imported
 one way only: `hetrl.protos` <- `hetrl.rollout` <- `hetrl.learner` <- `hetrl.launch`.
-`from hetrl import run_local` is the Python entry point (loaded on first use, so that
-`import hetrl.rollout.worker` in a worker process pulls in nothing of the launcher).
+`from hetrl import run_local, load_policy` are the Python entry points (loaded on first
+use, so that `import hetrl.rollout.worker` in a worker process pulls in nothing else).
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hetrl.launch.local import RunResult, run_local
+    from hetrl.rollout.evaluate import evaluate, load_policy
 
-__all__ = ["RunResult", "run_local"]
+__all__ = ["RunResult", "evaluate", "load_policy", "run_local"]
+_HOMES = {"RunResult": "hetrl.launch.local", "run_local": "hetrl.launch.local",
+          "load_policy": "hetrl.rollout.evaluate", "evaluate": "hetrl.rollout.evaluate"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from hetrl.launch import local
+    if name in _HOMES:
+        import importlib
 
-        return getattr(local, name)
+        return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'hetrl' has no attribute {name!r}")

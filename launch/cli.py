@@ -3,19 +3,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 import tyro
 
+from hetrl.launch.cluster import settings_overrides
 from hetrl.launch.emulate import EmulateSettings
 from hetrl.launch.jobs import FetchSettings
 from hetrl.launch.plan import PlanSettings
-from hetrl.launch.settings import ClusterSettings, LocalSettings, ReportSettings
+from hetrl.launch.settings import ClusterSettings, EnjoySettings, LocalSettings, ReportSettings
 from hetrl.launch.submit import SubmitSettings  # imports no SDK; it loads only when used
 from hetrl.learner.settings import LearnerSettings
-from hetrl.rollout.errors import HetrlError
+from hetrl.rollout.errors import ConfigError, HetrlError
 from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.userpath import user_modules_importable
 
 
 def _local(settings: LocalSettings) -> int:
@@ -60,8 +67,6 @@ def _fetch(settings: FetchSettings) -> int:
 
 
 def _report(settings: ReportSettings) -> int:
-    from pathlib import Path
-
     from hetrl.launch.report import compare, write_report
 
     types = list(settings.instance_type) + [""] * (2 - len(settings.instance_type))
@@ -71,6 +76,21 @@ def _report(settings: ReportSettings) -> int:
     if len(settings.runs) == 2:
         print(compare(Path(settings.runs[0]), Path(settings.runs[1]), types[0], types[1],
                       prices))
+    return 0
+
+
+def _enjoy(settings: EnjoySettings) -> int:
+    from hetrl.rollout.evaluate import evaluate, load_policy
+
+    trained = load_policy(settings.run)
+    mode = "deterministic" if settings.deterministic else "sampled"
+    print(f"hetrl enjoy: {trained.env.env}, {settings.episodes} episodes, {mode} actions",
+          file=sys.stderr)
+    result = evaluate(trained, settings.episodes, settings.deterministic, settings.seed,
+                      settings.video or None)
+    print(result.summary())
+    for video in result.videos:
+        print(f"video: {video}")
     return 0
 
 
@@ -85,6 +105,8 @@ def _launch(settings: ClusterSettings) -> int:  # dispatched in main(), see ther
     raise AssertionError("hetrl launch is dispatched by launch.host.main")
 
 
+ROLE_SETTINGS = (LocalSettings, ClusterSettings, LearnerSettings, WorkerSettings)
+
 COMMANDS = {
     "local": (LocalSettings, _local),
     "launch": (ClusterSettings, _launch),
@@ -92,46 +114,101 @@ COMMANDS = {
     "submit": (SubmitSettings, _submit),
     "fetch": (FetchSettings, _fetch),
     "report": (ReportSettings, _report),
+    "enjoy": (EnjoySettings, _enjoy),
     "plan": (PlanSettings, _plan),
     "worker": (WorkerSettings, _worker),
     "learner": (LearnerSettings, _learner),
 }
 
 
-def _user_modules_importable() -> None:
-    """Let `--env my_pkg.envs:Maze` import from the current directory, as `python -m`
-    does, but after hetrl's own modules and every installed package (the `hetrl` script,
-    unlike `python -m`, does not put the current directory on the path)."""
-    import os
-
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-
-
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:
+        # The reader went away (`hetrl local --help | head`): stop quietly, as shell tools
+        # do; stdout goes to /dev/null so the interpreter's final flush cannot complain.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool that met a closed pipe
+
+
+CONFIG_HELP = ("--config FILE: settings from a JSON or YAML file (a previous run's "
+               "settings.json works as is); flags on the command line override it.")
+
+
+def _split_config(args: list[str]) -> tuple[str, list[str]]:
+    """Take `--config FILE` (or `--config=FILE`) out of the arguments."""
+    for i, arg in enumerate(args):
+        if arg == "--config":
+            if i + 1 >= len(args):
+                raise ConfigError("--config needs a file")
+            return args[i + 1], args[:i] + args[i + 2:]
+        if arg.startswith("--config="):
+            return arg.partition("=")[2], args[:i] + args[i + 1:]
+    return "", args
+
+
+def config_values(path: str, cls: type) -> dict[str, Any]:
+    """Field values of `cls` from a JSON or YAML settings file.
+
+    Settings of other hetrl roles that `cls` lacks (a run's settings.json holds the
+    learner's, e.g. worker_addresses) are skipped, and so is the `out` of the run the
+    file belongs to, so a new run never writes into it.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, or names an unknown setting.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text()
+        if file.suffix in (".yaml", ".yml"):
+            import yaml
+
+            values = yaml.safe_load(text) or {}
+        else:
+            values = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--config {path}: cannot read it ({exc})") from exc
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of setting: value")
+    own = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for c in ROLE_SETTINGS for f in dataclasses.fields(c)}
+    if values.get("out") and Path(values["out"]).resolve() == file.parent.resolve():
+        values.pop("out")  # the previous run's own directory
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    values = {k: v for k, v in values.items() if k in own or k not in known}
+    return settings_overrides(values, cls)
+
+
+def _main(args: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args = sys.argv[1:] if argv is None else argv
-    _user_modules_importable()
+    user_modules_importable()  # --env my_pkg.envs:Maze from this folder, as python -m
     if args[:1] == ["launch"] and not {"-h", "--help"} & set(args):
         # Defaults come from the job's hyperparameters, so the host entry point parses.
         from hetrl.launch.host import main as host_main
 
         return host_main(args[1:])
-    try:
-        settings = tyro.extras.subcommand_cli_from_dict(
-            {name: cls for name, (cls, _) in COMMANDS.items()},
-            prog="hetrl",
-            description="Distributed RL: env workers on CPUs stream to a learner over gRPC.",
-            args=args,
-        )
-        for _, (cls, run) in COMMANDS.items():
-            if type(settings) is cls:
-                return run(settings)
-        raise AssertionError(f"no command for {type(settings).__name__}")
-    except HetrlError as exc:
-        print(f"hetrl: error: {exc}", file=sys.stderr)
-        return 2
+    if args[:1] and args[0] in COMMANDS:
+        # Parsed as its own program, so that tyro's hints say `hetrl local --help`.
+        name = args[0]
+        cls, run = COMMANDS[name]
+        try:
+            config, rest = _split_config(args[1:])
+            default = cls(**config_values(config, cls)) if config else None
+            settings = tyro.cli(cls, args=rest, prog=f"hetrl {name}", default=default,
+                                description=f"{cls.__doc__}\n\n{CONFIG_HELP}")
+            return run(settings)
+        except HetrlError as exc:
+            print(f"hetrl {name}: error: {exc}\n(hetrl {name} --help lists every flag)",
+                  file=sys.stderr)
+            return 2
+    tyro.extras.subcommand_cli_from_dict(  # no command yet: help, or an error naming them
+        {name: cls for name, (cls, _) in COMMANDS.items()},
+        prog="hetrl",
+        description="Distributed RL: env workers on CPUs stream to a learner over gRPC.",
+        args=args,
+    )
+    raise AssertionError("tyro returns only for a known command")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from hetrl.rollout.errors import ConfigError, HetrlError
 from hetrl.rollout.lifetime import catch_stop_early, die_with_parent
 from hetrl.rollout.settings import pick
 from hetrl.rollout.transport import token_from_env
+from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.host")
 
@@ -110,6 +111,7 @@ def role_of(cluster: ClusterView, settings: ClusterSettings | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     catch_stop_early()  # a SIGTERM before the role's own handler is kept, not lost
     die_with_parent()  # first: no host process outlives whoever started it
+    user_modules_importable()  # after hetrl: the user's --env / --policy modules
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     warn_unless_pid_1()
     argv = sys.argv[1:] if argv is None else argv

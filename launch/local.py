@@ -16,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from hetrl.launch.processes import (
     wait_ready_file,
 )
 from hetrl.launch.settings import LocalSettings
-from hetrl.learner.settings import LearnerSettings
+from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import ChildFailedError, ConfigError
 from hetrl.rollout.settings import WorkerSettings, pick
@@ -61,6 +63,16 @@ class RunResult:
     def model_path(self) -> Path:
         return self.out / "model.safetensors"
 
+    def policy(self):
+        """The trained policy, ready to act (hetrl.rollout.evaluate.TrainedPolicy).
+
+        Raises:
+            ConfigError: the run saved no model.
+        """
+        from hetrl.rollout.evaluate import load_policy
+
+        return load_policy(self.out)
+
 
 class _Interrupted(Exception):
     def __init__(self, signum: int) -> None:
@@ -86,12 +98,14 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     """Train locally: workers and a learner as separate processes over loopback gRPC.
 
     Args:
-        settings: a LocalSettings; or leave it out and pass its fields as keywords,
-            e.g. run_local(env="my_pkg.envs:Maze", workers=2, total_steps=100_000).
+        settings: a LocalSettings (typed, and completed by an editor); or leave it out and
+            pass its fields as keywords, e.g. run_local(env="my_pkg.envs:Maze", workers=2,
+            total_steps=100_000); a mistyped keyword gets a "did you mean".
             `env` may also be the env class itself if it lives in an importable module.
 
     Returns:
-        RunResult with the exit code, the output directory and the learner's summary.
+        RunResult with the exit code, the output directory, the learner's summary, and
+        `policy()` for the trained policy.
 
     Raises:
         ConfigError, EnvError: bad settings or an env that cannot be made, before any
@@ -99,16 +113,14 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     """
     if "env" in overrides:
         overrides["env"] = _env_name(overrides["env"])
+    _check_keywords(overrides)
     if settings is None:
-        try:
-            settings = LocalSettings(**overrides)
-        except TypeError as exc:
-            raise ConfigError(f"run_local: {exc}") from exc
+        settings = LocalSettings(**overrides)
     elif overrides:
         settings = dataclasses.replace(settings, **overrides)
     describe_env(settings)  # fail here, before anything is spawned
-    out = Path(settings.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(settings)
+    settings = dataclasses.replace(settings, out=str(out))
     if settings.instance_type:  # what the report prices this machine as
         instances = [{"group": "local", "instance_type": settings.instance_type, "count": 1}]
         (out / "cluster.json").write_text(json.dumps({"instances": instances}))
@@ -120,6 +132,62 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return RunResult(code, out, summary)
+
+
+# What a directory holds when a hetrl run wrote it (--overwrite deletes nothing else).
+_RUN_MARKERS = ("settings.json", "summary.json", "metrics.jsonl", "model.safetensors", "launch")
+
+
+def prepare_out_dir(settings: LocalSettings) -> Path:
+    """The run's output directory, created and writable: --out, or a new one per run.
+
+    A directory that already holds files is refused unless --resume continues the run in
+    it or --overwrite deletes the previous run's outputs first (only if it holds a hetrl
+    run: hetrl deletes nothing else), so two runs never mix their metrics.
+
+    Raises:
+        ConfigError: the directory holds files and neither flag says what to do, or it
+            cannot be created or written.
+    """
+    out = Path(settings.out or default_run_dir(settings.env, settings.seed))
+    if settings.resume and settings.overwrite:
+        raise ConfigError("--resume continues the run in --out, --overwrite starts it again: "
+                          "give one of them")
+    if out.is_dir() and any(out.iterdir()):
+        is_run = any((out / name).exists() for name in _RUN_MARKERS)
+        if settings.overwrite and is_run:
+            log.info("--overwrite: deleting the previous run in %s", out)
+            shutil.rmtree(out)
+        elif settings.overwrite:
+            raise ConfigError(f"--out {out} holds files that no hetrl run wrote; hetrl will "
+                              "not delete them: choose another directory")
+        elif not settings.resume:
+            what = "a previous run" if is_run else "files"
+            raise ConfigError(
+                f"--out {out} already holds {what}: pass --resume to continue it, --overwrite "
+                "to start it again, or choose a new directory (without --out every run gets "
+                "its own, runs/<env>__seed<seed>__<date-time>)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create or write the output directory "
+                          f"({exc.strerror or exc}); choose a directory you can write") from exc
+    return out
+
+
+def _check_keywords(overrides: dict[str, Any]) -> None:
+    """Refuse keywords that are not LocalSettings fields, naming the nearest ones."""
+    import difflib
+
+    names = sorted(f.name for f in dataclasses.fields(LocalSettings))
+    for key in overrides:
+        if key not in names:
+            near = difflib.get_close_matches(key, names, n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise ConfigError(f"run_local: unknown setting {key!r}{hint} (LocalSettings "
+                              "lists them all)")
 
 
 def _supervise(settings: LocalSettings, run_dir: Path) -> int:

@@ -26,6 +26,7 @@ from typing import TextIO
 from hetrl.rollout.errors import ChildFailedError
 from hetrl.rollout.lifetime import PARENT_ENV
 from hetrl.rollout.settings import to_json
+from hetrl.rollout.userpath import USER_PATH_ENV
 
 # Worker restarts a supervisor allows per run (crashes, kills, hangs) before giving up.
 MAX_WORKER_RESTARTS = 3
@@ -58,21 +59,23 @@ class Child:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-# -P (Python >= 3.11): `-m` does not put the current directory first on the child's path;
-# child_environment puts it last instead.
+# -P (Python >= 3.11): `-m` does not put the current directory on the child's path before
+# hetrl is imported; the child adds it right after (rollout.userpath).
 PYTHON = [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
 
 
 def child_environment(token: str) -> dict[str, str]:
-    """The parent's environment, plus the token and the parent's import path, with the
-    current directory last: a child finds hetrl (and every installed package) first and a
-    user's modules in the current directory second, as `python -m` would, so no file of
-    the user's can replace hetrl's code."""
+    """The parent's environment, plus the token, the parent's import path without the
+    current directory, and the current directory as the user's folder: a child imports
+    hetrl first and puts the user's folder first after that (rollout.userpath), so a
+    user's module is found as `python -m` would find it and no file of the user's can
+    replace hetrl's code."""
     env = dict(os.environ)
     env["HETRL_TOKEN"] = token
     cwd = Path.cwd().resolve()
     paths = [p for p in sys.path if p and Path(p).exists() and Path(p).resolve() != cwd]
-    env["PYTHONPATH"] = os.pathsep.join([*dict.fromkeys(paths), str(cwd)])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env[USER_PATH_ENV] = str(cwd)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

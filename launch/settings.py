@@ -19,11 +19,8 @@ from hetrl.rollout.settings import (
 
 
 @dataclasses.dataclass
-class LocalSettings(
-    EnvSettings, PolicySettings, RolloutSettings, TrainSettings, CheckpointSettings, OutputSettings,
-    ReliabilitySettings,
-):
-    """`hetrl local`: rollout workers and a learner as separate processes on this machine."""
+class LocalRunSettings:
+    """How many workers a local run starts, and how it supervises them."""
 
     workers: int = 2
     """Rollout worker processes (one per spare core is a good start)."""
@@ -34,11 +31,28 @@ class LocalSettings(
     instance_type: str = ""
     """Instance type this machine stands for in the run report's cost figures
     (e.g. ml.g5.2xlarge); empty: no cost figures."""
+    overwrite: bool = False
+    """Start again in an --out that holds a previous hetrl run, deleting its outputs
+    (hetrl never deletes a directory that no run of its wrote)."""
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
         require(self.startup_timeout > 0, "--startup-timeout must be > 0")
         require(self.shutdown_grace > 0, "--shutdown-grace must be > 0")
+        _chain_post_init(self, LocalRunSettings)
+
+
+# Bases in reverse of the order their flags are listed (a dataclass collects the last
+# base's fields first): the env and the run first, then the algorithm, the rollout,
+# checkpoints and outputs, and the fault and transport settings last.
+@dataclasses.dataclass
+class LocalSettings(
+    ReliabilitySettings, OutputSettings, CheckpointSettings, RolloutSettings, TrainSettings,
+    PolicySettings, LocalRunSettings, EnvSettings,
+):
+    """`hetrl local`: rollout workers and a learner as separate processes on this machine."""
+
+    def __post_init__(self) -> None:
         _chain_post_init(self, LocalSettings)
 
 
@@ -121,3 +135,22 @@ class ReportSettings:
         require(len(self.runs) in (1, 2), "give one run directory, or two to compare")
         require(len(self.instance_type) <= len(self.runs),
                 "give at most one --instance-type per run")
+
+
+@dataclasses.dataclass
+class EnjoySettings:
+    """`hetrl enjoy RUN`: play a trained policy and print its returns (optionally film it)."""
+
+    run: Annotated[str, tyro.conf.Positional]
+    """A run directory (or its model.safetensors); the env and network come from the model."""
+    episodes: int = 10
+    """Whole episodes to play."""
+    deterministic: bool = False
+    """Take the most likely action (argmax, or the Gaussian's mean) instead of sampling."""
+    seed: int = 0
+    """Episode i is reset with seed + i."""
+    video: str = ""
+    """Record every episode as an mp4 into this directory (needs moviepy: hetrl[video])."""
+
+    def __post_init__(self) -> None:
+        require(self.episodes >= 1, f"--episodes must be >= 1, got {self.episodes}")

@@ -33,18 +33,20 @@ from hetrl.learner.connections import (
 )
 from hetrl.learner.metrics import MetricsWriter
 from hetrl.learner.ppo import Batch, ppo_update
-from hetrl.learner.settings import LearnerSettings
+from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.learner.utilisation import UtilisationSampler
 from hetrl.learner.verdict import judge
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import HetrlError, NonFiniteError, ProtocolError, WorkerLostError
+from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.fragments import Fragment
 from hetrl.rollout.lifetime import die_with_parent
 from hetrl.rollout.policy import Policy, action_dtype, load_policy_arrays, policy_arrays
 from hetrl.rollout.settings import to_json
 from hetrl.rollout.transport import token_from_env, transport_options
+from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.learner")
 
@@ -73,7 +75,7 @@ class Learner:
         )
         self.version = 0
         self.global_step = 0
-        self.out = Path(settings.out)
+        self.out = Path(settings.out or default_run_dir(settings.env, settings.seed))
         self.checkpoint_dir = Path(settings.checkpoint_dir or self.out / "checkpoints")
         self.resumed_from: str | None = None
         if settings.resume:
@@ -335,6 +337,7 @@ class Learner:
         arrays = policy_arrays(self.policy)
         tmp = self.out / "model.safetensors.tmp"
         save_file(arrays, str(tmp), metadata={
+            **model_metadata(self.settings),  # load_policy(run) needs nothing else
             "env": self.settings.env,
             "policy_version": str(self.version),
             "global_step": str(self.global_step),
@@ -388,6 +391,7 @@ def run_learner(settings: LearnerSettings, token: str | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m hetrl.learner.learner SETTINGS_JSON`: the launcher's way to start a learner."""
     die_with_parent()  # first: no child outlives its launcher
+    user_modules_importable()  # after hetrl: the user's --env / --policy modules
     import sys
 
     from hetrl.rollout.settings import from_json

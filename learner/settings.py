@@ -7,6 +7,8 @@ hyperparameters are generated from these dataclasses. No torch or grpc imports.
 from __future__ import annotations
 
 import dataclasses
+import re
+import time
 
 from hetrl.rollout.settings import (
     EnvSettings,
@@ -77,14 +79,22 @@ class TrainSettings:
 class OutputSettings:
     """Where a run writes its metrics and model."""
 
-    out: str = "runs/hetrl"
-    """Output directory: metrics.jsonl, TensorBoard events, model.safetensors."""
+    out: str = ""
+    """Output directory: metrics.jsonl, TensorBoard events, model.safetensors. Empty: a new
+    runs/<env>__seed<seed>__<date-time> for every run. A run refuses a directory that holds
+    files unless --resume (continue it) or --overwrite (start it again) is given."""
     progress: bool = True
     """Print a live progress line."""
 
     def __post_init__(self) -> None:
-        require(bool(self.out), "--out must name a directory")
         _chain_post_init(self, OutputSettings)
+
+
+def default_run_dir(env: str, seed: int, root: str = "runs") -> str:
+    """A new output directory per run, named as CleanRL and SB3 users expect:
+    runs/<env>__seed<seed>__<YYYYmmdd-HHMMSS> (the env made filename-safe)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", env).strip("-.") or "env"
+    return f"{root}/{name}__seed{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 @dataclasses.dataclass
 class CheckpointSettings:

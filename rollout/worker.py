@@ -57,6 +57,7 @@ from hetrl.rollout.transport import (
     token_from_env,
     transport_options,
 )
+from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.worker")
 
@@ -406,6 +407,7 @@ def run_worker(settings: WorkerSettings) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m hetrl.rollout.worker SETTINGS_JSON`: the launcher's way to start a worker."""
     die_with_parent()  # first: no child outlives its launcher
+    user_modules_importable()  # after hetrl: the user's --env / --policy modules
     from hetrl.rollout.settings import from_json
 
     argv = sys.argv[1:] if argv is None else argv

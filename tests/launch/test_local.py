@@ -199,7 +199,7 @@ def test_cli_imports_user_modules_from_cwd_and_user_folders_cannot_shadow_hetrl(
     import sys
 
     project = tmp_path / "project"
-    for shadow in ("rollout", "launch", "learner", "protos"):
+    for shadow in ("hetrl", "rollout", "launch", "learner", "protos"):
         (project / shadow).mkdir(parents=True)
         (project / shadow / "__init__.py").write_text("raise ImportError('the user s file')\n")
     (project / "rollout" / "worker.py").write_text("raise SystemExit(0)\n")

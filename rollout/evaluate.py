@@ -1,0 +1,208 @@
+"""A trained policy, loaded from a run by itself, and episodes played with it.
+
+`load_policy(run)` reads `model.safetensors` and the env and policy settings that travel
+in its metadata (or, for older runs, the run's settings.json), rebuilds the network
+without the user repeating any flag, and returns a `TrainedPolicy` whose `act` takes one
+observation or a batch. `evaluate` plays whole episodes, sampled or deterministic, and
+can record them as videos through gymnasium's RecordVideo (moviepy; `pip install
+'hetrl[video]'`). No gRPC and no training here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from hetrl.rollout.envs import describe_env, env_spec
+from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.policy import Policy, load_policy_arrays
+from hetrl.rollout.settings import EnvSettings, PolicySettings
+
+MODEL_FILE = "model.safetensors"
+SETTINGS_KEY = "settings"  # safetensors metadata: the env and policy settings, as JSON
+
+
+def model_metadata(settings: object) -> dict[str, str]:
+    """What a saved model carries so that `load_policy` needs nothing else: the env and
+    policy settings of `settings` (any settings class holding both), as JSON."""
+    names = [f.name for cls in (EnvSettings, PolicySettings) for f in dataclasses.fields(cls)]
+    return {SETTINGS_KEY: json.dumps({n: getattr(settings, n) for n in names})}
+
+
+@dataclasses.dataclass
+class TrainedPolicy:
+    """A trained policy ready to act in its env (see `act`)."""
+
+    policy: Policy
+    env: EnvSettings
+    settings: PolicySettings
+    observation_space: gym.spaces.Box
+    action_space: gym.Space
+    metadata: dict[str, str]
+
+    @torch.no_grad()
+    def act(self, obs: Any, deterministic: bool = False) -> np.ndarray:
+        """Actions as the env takes them (Box actions clipped and rescaled to its bounds).
+
+        Args:
+            obs: one observation, shaped like the observation space, or a batch
+                shaped (B, *observation_space.shape).
+            deterministic: the most likely action (argmax, or the Gaussian's mean)
+                instead of a sample.
+
+        Returns:
+            One action for one observation, or a batch of B actions.
+
+        Raises:
+            ValueError: obs has neither shape.
+        """
+        obs = np.asarray(obs, dtype=self.observation_space.dtype)
+        shape = tuple(self.observation_space.shape)
+        single = obs.shape == shape
+        if not single and obs.shape[1:] != shape:
+            raise ValueError(f"act takes one observation of shape {shape} or a batch of "
+                             f"shape (B, {', '.join(map(str, shape))}); got {obs.shape}")
+        dist, _ = self.policy(torch.from_numpy(obs[None] if single else obs))
+        if not deterministic:
+            raw = dist.sample()
+        elif self.policy.discrete:
+            raw = dist.logits.argmax(-1)
+        else:
+            raw = dist.mean
+        actions = self.policy.env_actions(raw.numpy())
+        return actions[0] if single else actions
+
+
+def _settings_of(model: Path, metadata: dict[str, str]) -> dict[str, Any]:
+    if SETTINGS_KEY in metadata:
+        return json.loads(metadata[SETTINGS_KEY])
+    saved = model.parent / "settings.json"  # runs saved before the metadata carried them
+    if saved.is_file():
+        return json.loads(saved.read_text())
+    raise ConfigError(f"{model} carries no settings and there is no settings.json beside it; "
+                      "which env and network it is for cannot be known")
+
+
+def _build(cls: type, values: dict[str, Any]):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def load_policy(run: str | Path) -> TrainedPolicy:
+    """Load a run's trained policy: `run` is the run directory or its model file.
+
+    Raises:
+        ConfigError: no model there, or it does not fit the network its settings describe.
+        EnvError: the env it was trained on cannot be made here.
+    """
+    from safetensors import safe_open
+
+    path = Path(run)
+    model = path / MODEL_FILE if path.is_dir() else path
+    if not model.is_file():
+        raise ConfigError(f"no {MODEL_FILE} in {path}: give a run directory (runs/<name>) "
+                          "or the model file itself")
+    with safe_open(str(model), framework="numpy") as f:
+        metadata = dict(f.metadata() or {})
+        arrays = {name: f.get_tensor(name) for name in f.keys()}
+    values = _settings_of(model, metadata)
+    env, policy_settings = _build(EnvSettings, values), _build(PolicySettings, values)
+    description = describe_env(env)
+    policy = Policy(description.observation_space, description.action_space, policy_settings)
+    try:
+        load_policy_arrays(policy, arrays)
+    except Exception as exc:
+        raise ConfigError(f"{model} does not fit the network its settings describe: {exc}") \
+            from exc
+    policy.eval()
+    return TrainedPolicy(policy, env, policy_settings, description.observation_space,
+                         description.action_space, metadata)
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """Returns and lengths of whole episodes, and where their videos went."""
+
+    returns: list[float]
+    lengths: list[int]
+    videos: list[Path]
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns))
+
+    @property
+    def std_return(self) -> float:
+        return float(np.std(self.returns))
+
+    def summary(self) -> str:
+        return (f"{len(self.returns)} episodes: return {self.mean_return:.2f} ± "
+                f"{self.std_return:.2f}, length {np.mean(self.lengths):.1f} ± "
+                f"{np.std(self.lengths):.1f}")
+
+
+def evaluate(
+    trained: TrainedPolicy, episodes: int = 10, deterministic: bool = False, seed: int = 0,
+    video_dir: str | Path | None = None,
+) -> Evaluation:
+    """Play `episodes` whole episodes in a fresh env (episode i seeded seed + i).
+
+    Raises:
+        ConfigError: a video was asked for but the env cannot render frames, or moviepy
+            is missing.
+    """
+    env = _make_env(trained.env, video_dir is not None)
+    if video_dir is not None:
+        from gymnasium.wrappers import RecordVideo
+
+        try:
+            env = RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
+                              name_prefix="episode", disable_logger=True)
+        except gym.error.DependencyNotInstalled as exc:
+            env.close()
+            raise ConfigError(f"--video needs moviepy: pip install 'hetrl[video]' ({exc})") \
+                from exc
+    try:
+        return _play(env, trained, episodes, deterministic, seed, video_dir)
+    except gym.error.DependencyNotInstalled as exc:
+        raise ConfigError(f"{trained.env.env} cannot render frames here: {exc}") from exc
+    finally:
+        env.close()
+
+
+def _play(env: gym.Env, trained: TrainedPolicy, episodes: int, deterministic: bool,
+          seed: int, video_dir: str | Path | None) -> Evaluation:
+    returns, lengths = [], []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=seed + i)
+        total, steps, done = 0.0, 0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(trained.act(obs, deterministic))
+            total, steps = total + float(reward), steps + 1
+            done = terminated or truncated
+        returns.append(total)
+        lengths.append(steps)
+    env.close()  # RecordVideo writes the last episode's file on close
+    videos = sorted(Path(video_dir).glob("*.mp4")) if video_dir is not None else []
+    return Evaluation(returns, lengths, videos)
+
+
+def _make_env(settings: EnvSettings, frames: bool) -> gym.Env:
+    spec = env_spec(settings)
+    if not frames:
+        return gym.make(spec)
+    try:
+        env = gym.make(spec, render_mode="rgb_array")
+    except TypeError as exc:
+        raise ConfigError(f"{settings.env} does not take render_mode='rgb_array', so no "
+                          f"video can be recorded: {exc}") from exc
+    if env.render_mode != "rgb_array":
+        env.close()
+        raise ConfigError(f"{settings.env} cannot render rgb_array frames; no video")
+    return env

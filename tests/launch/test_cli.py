@@ -1,0 +1,110 @@
+"""The hetrl command's behaviour at its edges: output directories, bad paths, pipes, hints.
+Nothing here trains; every refusal happens before a process is spawned."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetrl.launch.local import prepare_out_dir
+from hetrl.launch.settings import LocalSettings
+from hetrl.rollout.errors import ConfigError
+from tests.helpers import ROOT, hetrl
+
+
+def _finished_run(out: Path) -> None:
+    out.mkdir(parents=True)
+    (out / "settings.json").write_text("{}")
+    (out / "metrics.jsonl").write_text('{"global_step": 30720}\n')
+
+
+def test_default_out_is_new_for_every_run(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = prepare_out_dir(LocalSettings(env="my_pkg.envs:Corridor", seed=3))
+    assert re.fullmatch(r"runs/my_pkg\.envs-Corridor__seed3__\d{8}-\d{6}", str(out)), out
+    assert out.is_dir()
+
+
+def test_a_used_out_is_refused_unless_resumed_or_overwritten(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _finished_run(out)
+    with pytest.raises(ConfigError, match="already holds a previous run: pass --resume"):
+        prepare_out_dir(LocalSettings(out=str(out)))
+    assert prepare_out_dir(LocalSettings(out=str(out), resume=True)) == out
+    assert (out / "metrics.jsonl").exists()  # resuming keeps the run
+    with pytest.raises(ConfigError, match="give one of them"):
+        prepare_out_dir(LocalSettings(out=str(out), resume=True, overwrite=True))
+    assert prepare_out_dir(LocalSettings(out=str(out), overwrite=True)) == out
+    assert list(out.iterdir()) == []  # the previous run's outputs are gone
+
+
+def test_overwrite_never_deletes_what_hetrl_did_not_write(tmp_path: Path) -> None:
+    (tmp_path / "thesis.tex").write_text("years of work")
+    with pytest.raises(ConfigError, match="no hetrl run wrote"):
+        prepare_out_dir(LocalSettings(out=str(tmp_path), overwrite=True))
+    assert (tmp_path / "thesis.tex").exists()
+
+
+@pytest.mark.parametrize("out", ["/dev/null/x", "/proc/forbidden"])
+def test_unusable_out_is_a_clear_error_naming_the_flag(out: str) -> None:
+    proc = hetrl("local", "--out", out, "--total-steps", "100")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, output
+    assert f"--out {out}: cannot create or write" in output
+    assert "Traceback" not in output and "hetrl local --help" in output
+
+
+def test_used_out_through_the_cli(tmp_path: Path) -> None:
+    _finished_run(tmp_path / "run")
+    proc = hetrl("local", "--out", str(tmp_path / "run"), "--total-steps", "100")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "--resume" in output and "--overwrite" in output, output
+    assert not (tmp_path / "run" / "launch").exists()  # nothing was spawned
+
+
+def test_help_into_a_closed_pipe_prints_no_traceback() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "hetrl.launch", "local", "--help"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # like `| head` that has already exited
+    _, err = proc.communicate(timeout=120)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+
+
+def test_hints_name_the_commands_own_help() -> None:
+    proc = hetrl("local", "--no-such-flag")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "hetrl local --help" in output, output
+
+
+def test_config_file_sets_defaults_and_flags_override(tmp_path: Path) -> None:
+    from hetrl.launch.cli import config_values
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "settings.json").write_text(json.dumps({  # as a learner writes it
+        "env": "Pendulum-v1", "hidden_sizes": [32, 32], "gamma": 0.9, "out": str(run),
+        "worker_addresses": ["127.0.0.1:1"], "finishing_file": "x"}))
+    values = config_values(str(run / "settings.json"), LocalSettings)
+    assert values == {"env": "Pendulum-v1", "hidden_sizes": (32, 32), "gamma": 0.9}
+    (tmp_path / "c.yaml").write_text("env: Acrobot-v1\nlearning-rate: 3.0e-4\nanneal_lr: false\n")
+    assert config_values(str(tmp_path / "c.yaml"), LocalSettings) == {
+        "env": "Acrobot-v1", "learning_rate": 3e-4, "anneal_lr": False}
+    (tmp_path / "bad.yaml").write_text("learning_rat: 0.1\n")
+    with pytest.raises(ConfigError, match="did you mean learning_rate"):
+        config_values(str(tmp_path / "bad.yaml"), LocalSettings)
+
+    # Through the CLI: the file's values become the defaults, a flag overrides one.
+    proc = hetrl("local", "--config", str(tmp_path / "c.yaml"), "--env", "CartPole-v1",
+                 "--help")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    assert "0.0003" in output and "--config FILE" in output
+    proc = hetrl("local", "--config", str(tmp_path / "bad.yaml"))
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "did you mean learning_rate" in output, output
