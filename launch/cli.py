@@ -15,6 +15,7 @@ import tyro
 
 from hetrl.launch.cluster import settings_overrides
 from hetrl.launch.emulate import EmulateSettings
+from hetrl.launch.jobs import FetchSettings
 from hetrl.launch.plan import PlanSettings
 from hetrl.launch.settings import ClusterSettings, EnjoySettings, LocalSettings, ReportSettings
 from hetrl.launch.submit import SubmitSettings  # imports no SDK; it loads only when used
@@ -57,6 +58,12 @@ def _submit(settings: SubmitSettings) -> int:
     from hetrl.launch.submit import run_submit
 
     return run_submit(settings)
+
+
+def _fetch(settings: FetchSettings) -> int:
+    from hetrl.launch.jobs import run_fetch
+
+    return run_fetch(settings)
 
 
 def _report(settings: ReportSettings) -> int:
@@ -105,6 +112,7 @@ COMMANDS = {
     "launch": (ClusterSettings, _launch),
     "emulate": (EmulateSettings, _emulate),
     "submit": (SubmitSettings, _submit),
+    "fetch": (FetchSettings, _fetch),
     "report": (ReportSettings, _report),
     "enjoy": (EnjoySettings, _enjoy),
     "plan": (PlanSettings, _plan),

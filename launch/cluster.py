@@ -4,10 +4,12 @@
 `$SAGEMAKER_BASE_DIR/input/config/resourceconfig.json` and `hyperparameters.json`); it
 uses the `current_instance_group` property, never `get_current_instance_group()`, which
 raises KeyError on real configs, and never the SM_*GROUP* variables, which the v3 SDK
-leaves unset. `settings_from_hyperparameters` maps the job's hyperparameters onto
-ClusterSettings with a clear error for unknown or malformed ones. `resolve` turns a
+leaves unset. Where the toolkit is not installed (an sdist needing gcc, so absent from
+custom images), `read_cluster_files` reads the same two files the same way.
+`settings_overrides` maps the job's hyperparameters onto ClusterSettings with a clear
+error for unknown or malformed ones. `resolve` turns a
 host name into an address, retrying because names resolve late in a fresh cluster.
-No processes are started here.
+No processes are started here (but nvidia-smi, to count GPUs without the toolkit).
 """
 
 from __future__ import annotations
@@ -59,19 +61,23 @@ class ClusterView:
         return self.output_dir / "failure"
 
 
+SAGEMAKER_BASE_DIR = "/opt/ml"
+"""Root of a host's SageMaker tree, unless $SAGEMAKER_BASE_DIR says otherwise."""
+HOMOGENEOUS = "homogeneousCluster"
+"""The group name SageMaker's toolkit gives a job without instance groups."""
+
+
 def read_cluster() -> ClusterView:
-    """Read the job's resource config and hyperparameters.
+    """Read the job's resource config and hyperparameters: with the sagemaker-training
+    toolkit where it is installed (SageMaker's own images), else straight from the files.
 
     Raises:
-        ConfigError: sagemaker-training is not installed, or the config cannot be read.
+        ConfigError: the config cannot be read.
     """
     try:
         from sagemaker_training import environment
-    except ImportError as exc:
-        raise ConfigError(
-            "hetrl launch reads the cluster with the sagemaker-training package: "
-            "pip install 'hetrl[cluster]' (SageMaker's PyTorch images already have it)"
-        ) from exc
+    except ImportError:  # an sdist that needs gcc: absent from many custom images
+        return read_cluster_files()
     try:
         env = environment.Environment()
     except (OSError, KeyError, ValueError) as exc:
@@ -79,31 +85,94 @@ def read_cluster() -> ClusterView:
             f"cannot read the SageMaker config under {environment.base_dir}: {exc!r}. "
             "Outside SageMaker, use hetrl local or hetrl emulate."
         ) from exc
-    groups = {
-        name: list(group.get("hosts", []))
-        for name, group in (env.instance_groups_dict or {}).items()
-    }
-    types = {
-        name: group.get("instance_type", "")
-        for name, group in (env.instance_groups_dict or {}).items()
-    }
-    current_group = env.current_instance_group or ""
-    if not groups:  # a homogeneous job has no instance groups: treat it as one group
-        current_group = current_group or "homogeneous"
-        groups = {current_group: list(env.hosts)}
-    return ClusterView(
+    return _view(
         current_host=env.current_host,
-        current_group=current_group,
-        groups=groups,
-        instance_types=types,
+        current_group=env.current_instance_group or "",
+        group_configs=list((env.instance_groups_dict or {}).values()),
+        hosts=list(env.hosts),
         is_hetero=bool(env.is_hetero),
         base_dir=Path(environment.base_dir),
-        model_dir=Path(env.model_dir),
-        output_dir=Path(env.output_dir),
         num_cpus=int(env.num_cpus),
         num_gpus=int(env.num_gpus),
         hyperparameters=dict(env.hyperparameters),
     )
+
+
+def read_cluster_files(base_dir: Path | None = None) -> ClusterView:
+    """`read_cluster` without the toolkit: `<base>/input/config/resourceconfig.json` and
+    `hyperparameters.json` read as the toolkit reads them (values JSON-decoded where they
+    parse, `sagemaker_*` keys left out, the group from `current_group_name`).
+
+    Raises:
+        ConfigError: a file is missing or malformed.
+    """
+    base = Path(base_dir or os.environ.get("SAGEMAKER_BASE_DIR", SAGEMAKER_BASE_DIR))
+    config = base / "input" / "config"
+    try:
+        resource = json.loads((config / "resourceconfig.json").read_text())
+        raw = json.loads((config / "hyperparameters.json").read_text())
+        groups = list(resource.get("instance_groups") or [])
+        current_host, hosts = resource["current_host"], list(resource["hosts"])
+        names = [group["instance_group_name"] for group in groups]
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot read the SageMaker config under {base}: {exc!r}. "
+            "Outside SageMaker, use hetrl local or hetrl emulate."
+        ) from exc
+    hyperparameters = {}
+    for key, value in raw.items():
+        if key.startswith("sagemaker_"):
+            continue
+        try:
+            hyperparameters[key] = json.loads(value)
+        except (TypeError, ValueError):
+            hyperparameters[key] = value
+    return _view(
+        current_host=current_host,
+        current_group=resource.get("current_group_name", HOMOGENEOUS),
+        group_configs=groups,
+        hosts=hosts,
+        is_hetero=len(names) > 1,
+        base_dir=base,
+        num_cpus=os.cpu_count() or 1,
+        num_gpus=_count_gpus(),
+        hyperparameters=hyperparameters,
+    )
+
+
+def _view(*, current_host: str, current_group: str, group_configs: list[dict[str, Any]],
+          hosts: list[str], is_hetero: bool, base_dir: Path, num_cpus: int, num_gpus: int,
+          hyperparameters: dict[str, Any]) -> ClusterView:
+    groups = {g["instance_group_name"]: list(g.get("hosts", [])) for g in group_configs}
+    types = {g["instance_group_name"]: g.get("instance_type", "") for g in group_configs}
+    if not groups:  # a homogeneous job has no instance groups: treat it as one group
+        current_group = current_group or "homogeneous"
+        groups = {current_group: hosts}
+    return ClusterView(
+        current_host=current_host,
+        current_group=current_group,
+        groups=groups,
+        instance_types=types,
+        is_hetero=is_hetero,
+        base_dir=base_dir,
+        model_dir=base_dir / "model",
+        output_dir=base_dir / "output",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        hyperparameters=hyperparameters,
+    )
+
+
+def _count_gpus() -> int:
+    """GPUs nvidia-smi lists (0 without it), as the toolkit counts them."""
+    import subprocess
+
+    try:
+        listing = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True,
+                                 text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
 
 
 def _convert(key: str, raw: Any, kind: Any) -> Any:

@@ -5,7 +5,9 @@ For each emulated host it writes the tree SageMaker would give it
 `hyperparameters.json`, `inputdataconfig.json`, `model/`, `output/`), maps `algo-N` to
 its own loopback address 127.0.0.N (HETRL_HOST_MAP), and starts the very entry point a
 real host runs (`python -m hetrl.launch.host`) with SAGEMAKER_BASE_DIR pointing at its tree
-and the shared token in its environment. It then watches the hosts as SageMaker would:
+and the shared token in its environment. Every host's lines, prefixed `[host role]`,
+reach one stream (the terminal), as a job's do in CloudWatch, and each host's host.log.
+It then watches the hosts as SageMaker would:
 the job succeeds when every host exits 0. Ctrl-C sends SIGTERM to every host, as a
 job stop does. It does not train anything itself.
 """
@@ -19,7 +21,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from hetrl.launch.cluster import HOST_MAP_ENV
 from hetrl.launch.processes import PYTHON, Child, child_environment, spawn_command, stop_all
@@ -167,35 +169,47 @@ class EmulatedCluster:
     environment: dict[str, str] = dataclasses.field(default_factory=dict)
     """Environment every host starts with: the job's token and the host map."""
     learner_log: Path | None = None
-    """Where the learner host's output goes; None: this process's terminal."""
+    """Where the learner host's output goes; None: its host.log with `echo`, else this
+    process's terminal."""
+    echo: TextIO | None = None
+    """Where every host's lines also go, as one stream (each line is prefixed `[host
+    role]` by the host itself), as CloudWatch shows a job's hosts."""
 
 
-def prepare_hosts(settings: EmulateSettings, learner_log: Path | None = None) -> EmulatedCluster:
+def prepare_hosts(settings: EmulateSettings, learner_log: Path | None = None,
+                  echo: TextIO | None = None) -> EmulatedCluster:
     """Write every host's tree and the job's environment; start nothing."""
     root = Path(settings.out).resolve()
     learner, env_hosts, host_map = build_trees(settings, root)
     environment = child_environment(new_token())
     environment[HOST_MAP_ENV] = ",".join(f"{h}={a}" for h, a in host_map.items())
-    return EmulatedCluster(root, learner, env_hosts, {}, environment, learner_log)
+    return EmulatedCluster(root, learner, env_hosts, {}, environment, learner_log, echo)
 
 
-def start_host(cluster: EmulatedCluster, host: str, wrapper: tuple[str, ...] = ()) -> Child:
+def start_host(cluster: EmulatedCluster, host: str, wrapper: tuple[str, ...] = (),
+               command: tuple[str, ...] = (), environment: dict[str, str] | None = None,
+               ) -> Child:
     """Start one host's entry point on its tree, as SageMaker starts it (or starts it
     again, as a replaced instance would: same tree, same token, same address).
-    `wrapper` is a command that runs the entry point (e.g. `ip netns exec NS`)."""
-    env = dict(cluster.environment, SAGEMAKER_BASE_DIR=str(cluster.root / "hosts" / host))
+    `wrapper` is a command that runs the entry point (e.g. `ip netns exec NS`); `command`
+    replaces the entry point itself (e.g. the job's sm_train.sh), and `environment` is
+    added to the host's."""
+    env = {**cluster.environment, "SAGEMAKER_BASE_DIR": str(cluster.root / "hosts" / host),
+           **(environment or {})}
     # The learner host's log is the run's progress: show it; env hosts log to files.
-    log_path = cluster.learner_log if host == cluster.learner else (
-        cluster.root / "hosts" / host / "host.log")
-    command = [*wrapper, *PYTHON, "-m", "hetrl.launch.host"]
-    child = spawn_command(host, command, env, log_path)
+    log_path = cluster.root / "hosts" / host / "host.log"
+    if host == cluster.learner and (cluster.learner_log or cluster.echo is None):
+        log_path = cluster.learner_log
+    command = (*wrapper, *(command or (*PYTHON, "-m", "hetrl.launch.host")))
+    child = spawn_command(host, list(command), env, log_path, echo=cluster.echo)
     cluster.hosts[host] = child
     return child
 
 
-def start_hosts(settings: EmulateSettings, learner_log: Path | None = None) -> EmulatedCluster:
+def start_hosts(settings: EmulateSettings, learner_log: Path | None = None,
+                echo: TextIO | None = None) -> EmulatedCluster:
     """Write the trees and start every host's entry point (env hosts first)."""
-    cluster = prepare_hosts(settings, learner_log)
+    cluster = prepare_hosts(settings, learner_log, echo)
     for host in [*cluster.env_hosts, cluster.learner]:
         start_host(cluster, host)
     return cluster
@@ -211,7 +225,7 @@ def run_emulated(settings: EmulateSettings) -> EmulateResult:
     code = EXIT_OK
     cluster: EmulatedCluster | None = None
     try:
-        cluster = start_hosts(settings)
+        cluster = start_hosts(settings, echo=sys.stdout)  # one stream, as CloudWatch shows
         hosts = cluster.hosts
         while hosts[cluster.learner].exit_code() is None:
             time.sleep(0.2)

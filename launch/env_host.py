@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from hetrl.launch.processes import (
 )
 from hetrl.launch.settings import ClusterSettings
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout.lifetime import early_stop
 from hetrl.rollout.settings import WorkerSettings, pick
 from hetrl.rollout.transport import create_server, transport_options
 
@@ -86,7 +88,7 @@ class HostControl(hetrl_pb2_grpc.HostControlServicer):
 
     def Stop(self, request, context):
         log.info("stop requested by the learner host: %s", request.reason or "no reason")
-        self.stop_reason = request.reason or "stop"
+        self.stop_reason = self.stop_reason or request.reason or "stop"  # the first one counts
         self.changed.set()
         return hetrl_pb2.StopReply(accepted=True)
 
@@ -106,7 +108,8 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
             port=settings.worker_base_port + i, ready_file="",
             learner_timeout=settings.startup_timeout + settings.loss_timeout,
         )
-        return spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env)
+        return spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env,
+                     echo=sys.__stdout__, echo_prefix=f"[{cluster.current_host} worker-{i}] ")
 
     control = HostControl(cluster.current_host, addresses, usable_cores())
 
@@ -116,6 +119,7 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    control.stop_reason = early_stop()  # set if the job stopped while this host started
     started = time.monotonic()
     failure: str | None = None
     server = None

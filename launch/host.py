@@ -6,17 +6,24 @@ hyperparameters (then any command-line flags), and branches on the host's instan
 group: env groups run `run_env_host`, the learner group runs `run_learner_host`; a
 homogeneous job (one group, e.g. a single GPU instance) runs the local mode on its one
 host. Any failure is written to `<base>/output/failure` before a non-zero exit.
+
+A job stop reaches a host only as SIGTERM to the container's PID 1, so this process must
+be PID 1 (the job's command execs it); a host under SageMaker that is not says so. Its
+lines and its children's reach the container's stdout prefixed `[host role]` (only
+that reaches CloudWatch), and their log files are copied to `<base>/output/data/<host>/`
+at exit (see launch.logs).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from hetrl.launch.cluster import ClusterView, read_cluster, settings_overrides
 from hetrl.launch.settings import ClusterSettings, LocalSettings
 from hetrl.rollout.errors import ConfigError, HetrlError
-from hetrl.rollout.lifetime import die_with_parent
+from hetrl.rollout.lifetime import catch_stop_early, die_with_parent
 from hetrl.rollout.settings import pick
 from hetrl.rollout.transport import token_from_env
 from hetrl.rollout.userpath import user_modules_importable
@@ -76,16 +83,46 @@ def _run_homogeneous(settings: ClusterSettings, cluster: ClusterView) -> int:
     return run_local(local).exit_code
 
 
+def warn_unless_pid_1(pid: int | None = None) -> bool:
+    """Under SageMaker (TRAINING_JOB_NAME set), warn when this process is not PID 1: the
+    job's stop (SIGTERM to PID 1) then may not reach it. Return whether it warned."""
+    pid = os.getpid() if pid is None else pid
+    if pid == 1 or not os.environ.get("TRAINING_JOB_NAME"):
+        return False
+    log.warning("this host runs as PID %d, not PID 1 of its container: a job stop or spot "
+                "interruption (SIGTERM to PID 1) may never reach it, so there would be no "
+                "final checkpoint. Start it with `exec python3 launcher.py`.", pid)
+    return True
+
+
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+def role_of(cluster: ClusterView, settings: ClusterSettings | None) -> str:
+    """This host's role as its log prefix names it: env-host, learner or host."""
+    if settings is not None and cluster.is_hetero and len(cluster.groups) > 1:
+        if cluster.current_group in settings.env_groups:
+            return "env-host"
+        if cluster.current_group == settings.learner_group:
+            return "learner"
+    return "host"
+
+
 def main(argv: list[str] | None = None) -> int:
+    catch_stop_early()  # a SIGTERM before the role's own handler is kept, not lost
     die_with_parent()  # first: no host process outlives whoever started it
     user_modules_importable()  # after hetrl: the user's --env / --policy modules
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    warn_unless_pid_1()
     argv = sys.argv[1:] if argv is None else argv
     cluster: ClusterView | None = None
+    settings: ClusterSettings | None = None
     try:
         cluster = read_cluster()
-        settings = settings_for(cluster, argv)
+        try:
+            settings = settings_for(cluster, argv)
+        finally:  # every line from here on: [host role] on stdout, and in a file
+            _tee_output(cluster, settings)
         return run_host(settings, cluster)
     except HetrlError as exc:
         log.error("%s", exc)
@@ -94,6 +131,22 @@ def main(argv: list[str] | None = None) -> int:
 
             write_failure(cluster, f"{cluster.current_host}: {exc}")
         return EXIT_BAD_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
+    finally:
+        if cluster is not None:
+            from hetrl.launch.logs import keep_logs
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            keep_logs(cluster.base_dir, cluster.current_host)
+
+
+def _tee_output(cluster: ClusterView, settings: ClusterSettings | None) -> None:
+    from hetrl.launch.logs import tee_host_output
+
+    role = role_of(cluster, settings)
+    tee_host_output(f"[{cluster.current_host} {role}] ",
+                    cluster.base_dir / "hetrl" / "logs" / f"{role}.log")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, force=True)  # new stderr
 
 
 if __name__ == "__main__":

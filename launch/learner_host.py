@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 
@@ -28,6 +31,7 @@ from hetrl.learner.learner import Learner
 from hetrl.learner.settings import LearnerSettings
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.lifetime import early_stop
 from hetrl.rollout.settings import WorkerSettings, pick
 from hetrl.rollout.transport import auth_metadata, create_channel, transport_options
 
@@ -181,14 +185,19 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
     local: list[Child] = []
     learner: Learner | None = None
     stop_reason: list[str] = []
+    stop_since: list[float] = []  # when a signal asked for the stop
 
     def on_signal(signum, _frame):
+        stop_since.append(time.monotonic())
         stop_reason.append(f"signal {signal.Signals(signum).name}")
         if learner is not None:
             learner.request_stop(stop_reason[-1])
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if (early := early_stop()) is not None:  # the job stopped while this host started
+        stop_since.append(time.monotonic())
+        stop_reason.append(early)
     code, reason = EXIT_FAILED, "failed"
     try:
         local_addresses = _start_local_workers(settings, cluster, token, local)
@@ -222,10 +231,35 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
                       "ends them within loss_timeout", unconfirmed)
         stop_all(local, 10.0)
     if learner is not None:
-        from hetrl.launch.report import try_write_report
+        keep_final_model(cluster.model_dir, learner.checkpoint_dir)
+        spent = time.monotonic() - stop_since[0] if stop_since else 0.0
+        if spent > settings.stop_budget / 2:
+            log.warning("no run report: the stop has taken %.0f s of its %.0f s budget "
+                        "(hetrl report on the downloaded output writes it)", spent,
+                        settings.stop_budget)
+        else:
+            from hetrl.launch.report import try_write_report
 
-        try_write_report(cluster.model_dir)
+            try_write_report(cluster.model_dir)
     return code
+
+
+FINAL_MODEL = ("model.safetensors", "summary.json")
+
+
+def keep_final_model(model_dir: Path, checkpoint_dir: Path) -> None:
+    """Copy the final model beside the checkpoints (<checkpoint_dir>/final/), which
+    SageMaker syncs with S3 as it goes: a stopped, interrupted or restarted job finds it
+    there even where /opt/ml/model (uploaded only at the job's end) never reached S3."""
+    final = checkpoint_dir / "final"
+    try:
+        final.mkdir(parents=True, exist_ok=True)
+        for name in FINAL_MODEL:
+            if (model_dir / name).exists():
+                shutil.copyfile(model_dir / name, final / f"{name}.tmp")
+                (final / f"{name}.tmp").replace(final / name)
+    except OSError as exc:
+        log.warning("could not keep the final model in %s: %s", final, exc)
 
 
 def _write_cluster_file(cluster: ClusterView, settings: ClusterSettings) -> None:
@@ -254,7 +288,9 @@ def _start_local_workers(
         worker = pick(WorkerSettings, settings, worker_id=900_000 + i, host="127.0.0.1",
                       port=0, ready_file=str(ready),
                       learner_timeout=settings.resolve_timeout + settings.loss_timeout)
-        children.append(spawn(f"local-worker-{i}", "hetrl.rollout.worker", worker, run_dir, env))
+        children.append(spawn(f"local-worker-{i}", "hetrl.rollout.worker", worker, run_dir, env,
+                              echo=sys.__stdout__,
+                              echo_prefix=f"[{cluster.current_host} local-worker-{i}] "))
     return [
         wait_ready_file(child, run_dir / f"local-worker-{i}.ready", settings.resolve_timeout)
         for i, child in enumerate(children)

@@ -43,7 +43,9 @@ class PlanSettings(EnvSettings, PolicySettings, RolloutSettings):
     max_env_hosts: int = 32
     """Largest number of env hosts the table considers."""
     prices: str = ""
-    """A JSON price file overriding the shipped table (same format as prices.json)."""
+    """A JSON price file overriding the shipped table (same format as prices.json), or
+    `live` / `live:REGION` for current prices from the AWS Price List API (needs AWS
+    credentials; cached a day; the shipped table, with a line saying so, without)."""
 
     def __post_init__(self) -> None:
         require(self.learner_samples_per_second >= 0, "--learner-samples-per-second must be >= 0")

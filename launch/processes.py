@@ -18,8 +18,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 from hetrl.rollout.errors import ChildFailedError
 from hetrl.rollout.lifetime import PARENT_ENV
@@ -45,6 +47,8 @@ class Child:
     name: str
     process: subprocess.Popen
     log_path: Path | None
+    log_pump: threading.Thread | None = None
+    """Copies the child's piped output to its log file and an echo stream (see launch.logs)."""
 
     def exit_code(self) -> int | None:
         return self.process.poll()
@@ -78,34 +82,44 @@ def child_environment(token: str) -> dict[str, str]:
 
 def spawn(
     name: str, module: str, settings: object, run_dir: Path, env: dict[str, str],
-    log_to_file: bool = True,
+    log_to_file: bool = True, echo: TextIO | None = None, echo_prefix: str = "",
 ) -> Child:
-    """Start `python -m module settings.json` with its output in run_dir/logs/name.log."""
+    """Start `python -m module settings.json` with its output in run_dir/logs/name.log
+    (and each line, prefixed with `echo_prefix`, in `echo` too when given)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = run_dir / f"{name}.json"
     config.write_text(to_json(settings))
     log_path = run_dir / "logs" / f"{name}.log" if log_to_file else None
-    return spawn_command(name, [*PYTHON, "-m", module, str(config)], env, log_path)
+    return spawn_command(name, [*PYTHON, "-m", module, str(config)], env, log_path,
+                         echo=echo, echo_prefix=echo_prefix)
 
 
 def spawn_command(
-    name: str, command: list[str], env: dict[str, str], log_path: Path | None
+    name: str, command: list[str], env: dict[str, str], log_path: Path | None,
+    echo: TextIO | None = None, echo_prefix: str = "",
 ) -> Child:
-    """Start `command` with stdin closed and its output in log_path (None: inherited)."""
+    """Start `command` with stdin closed and its output in log_path (None: inherited);
+    with `echo`, its output is piped and each line also written there, prefixed."""
     stdout = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        stdout = log_path.open("ab")
+        if echo is None:
+            stdout = log_path.open("ab")
     process = subprocess.Popen(
         command,
         env=dict(env, **{PARENT_ENV: str(os.getpid())}),  # see rollout.lifetime
         stdin=subprocess.DEVNULL,
-        stdout=stdout,
-        stderr=subprocess.STDOUT if stdout else None,
+        stdout=subprocess.PIPE if echo is not None else stdout,
+        stderr=subprocess.STDOUT if (stdout or echo is not None) else None,
     )
     if stdout is not None:
         stdout.close()
-    return Child(name, process, log_path)
+    log_pump = None
+    if echo is not None:
+        from hetrl.launch.logs import pump
+
+        log_pump = pump(process.stdout, log_path, echo_prefix, echo)
+    return Child(name, process, log_path, log_pump)
 
 
 def wait_ready_file(child: Child, path: Path, timeout: float) -> str:
@@ -142,6 +156,9 @@ def stop_all(children: list[Child], grace: float) -> None:
         except subprocess.TimeoutExpired:
             child.process.kill()
             child.process.wait(5.0)
+    for child in children:  # their last lines reach the files before anyone reads them
+        if child.log_pump is not None:
+            child.log_pump.join(max(0.1, min(2.0, deadline - time.monotonic())))
 
 
 def wait_all(children: list[Child], timeout: float) -> bool:

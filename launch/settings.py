@@ -91,16 +91,19 @@ class ClusterSettings(
     """Env host: seconds without a learner heartbeat before failing (dead-man's switch)."""
     resolve_timeout: float = 600.0
     """Learner host: seconds to keep retrying name resolution and connects to env hosts."""
-    stop_budget: float = 120.0
-    """Seconds in which a stop (end of training, SIGTERM) must complete on every host."""
+    stop_budget: float = 60.0
+    """Seconds in which a stop (end of training, SIGTERM) must complete on every host: the
+    learner's final checkpoint, then every env host stopped (half of it), then the run
+    report if time is left. SageMaker SIGKILLs 120 s after its SIGTERM; the other 60 s
+    are margin for the checkpoint's S3 sync (a SIGTERM stop measured 13 s in all, see
+    docs/reliability.md)."""
     checkpoint_dir: str = "/opt/ml/checkpoints"
     """Where the learner writes checkpoints (SageMaker syncs this directory with S3)."""
     resume: bool = True
     """Resume from the newest checkpoint there (a restarted spot job continues)."""
     checkpoint_every: float = 120.0
-    """Seconds between periodic checkpoints. Shorter than for local runs: under the v3 SDK
-    the container's first process is bash, which may not pass a stop's SIGTERM on, so
-    the periodic checkpoint is what a stopped or interrupted job resumes from."""
+    """Seconds between periodic checkpoints. Shorter than for local runs: a host killed
+    without its SIGTERM (a lost instance) resumes from the newest periodic checkpoint."""
 
     def __post_init__(self) -> None:
         self.env_groups = tuple(self.env_groups)
@@ -129,7 +132,9 @@ class ReportSettings:
     """Instance type each local run stands for, in the order of the runs (cluster runs
     record their own)."""
     prices: str = ""
-    """A JSON price file overriding the shipped table (same format as launch/prices.json)."""
+    """A JSON price file overriding the shipped table (same format as launch/prices.json),
+    or `live` / `live:REGION` for current prices from the AWS Price List API (needs AWS
+    credentials; cached a day; the shipped table, with a line saying so, without)."""
     target_return: float | None = None
     """Comparing two runs: also show what each paid until its mean return first reached this."""
 

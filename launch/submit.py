@@ -14,7 +14,9 @@ module level: the SDK is the optional extra `hetrl[sagemaker]`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
 import importlib.metadata
 import importlib.util
 import json
@@ -24,6 +26,7 @@ import re
 import secrets
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +39,31 @@ log = logging.getLogger(__name__)
 PACKAGE = "hetrl"
 """hetrl's own package (the rooms under it), copied into the job's code directory."""
 ENTRY_SCRIPT = "launcher.py"
-LAUNCHER = "from hetrl.launch.host import main\nraise SystemExit(main())\n"
+LAUNCHER = '''"""Entry point of every host of this hetrl job. SageMaker runs it as `exec python3
+launcher.py`, so this process is the container's PID 1 and receives the job's SIGTERM."""
+from hetrl.rollout.lifetime import catch_stop_early
+
+catch_stop_early()  # before the heavy imports: a SIGTERM to PID 1 without a handler is lost
+from hetrl.launch.host import main  # noqa: E402
+
+raise SystemExit(main())
+'''
+# `exec`: sm_train.sh runs the command with `eval "$CMD"` followed by an `echo`, so without
+# it bash forks the command and stays PID 1, and bash as PID 1 drops the stop's SIGTERM.
+COMMAND = f"exec python3 {ENTRY_SCRIPT}"
 REQUIREMENTS = "requirements.txt"
 _RESERVED = (PACKAGE, ENTRY_SCRIPT, REQUIREMENTS)
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/\S+")
 _S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?")
 _JOB_PREFIX = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")
+SAGEMAKER_STOP_WINDOW = 120.0
+"""Seconds between a stop's SIGTERM and SageMaker's SIGKILL (stop, spot interruption)."""
+STOP_BUDGET_MAX = 100.0
+"""Largest --stop-budget a job accepts: leaves 20 s of SageMaker's window for the S3 sync."""
+MIN_VOLUME_GB = 25
+"""Volume the resolved AWS PyTorch training image needs (an estimate: the GPU images
+unpack to roughly 20 GB); with --image, the user knows their image."""
 _JOB_PREFIX_MAX = 63 - 15  # the SDK appends -YYYYmmddHHMMSS to the 63-character name
 
 
@@ -81,12 +102,20 @@ class SubmitSettings(ClusterSettings):
     """Your code directory (custom env modules...), merged at the top of the job's code."""
     requirements: str = ""
     """Requirements file inside --source-dir, installed on every host."""
+    no_requirements: bool = False
+    """Install nothing at start: the image (--image) already has hetrl's dependencies and
+    yours (see launch/Dockerfile); needed where hosts have no internet access."""
     job_name: str = ""
     """Job name prefix (a timestamp is appended); empty is hetrl-<env>."""
     volume_size_gb: int = 30
     """Storage volume of each host, in GB."""
     dry_run: bool = False
     """Print the CreateTrainingJob request as JSON and send nothing (no credentials needed)."""
+    verbose: bool = False
+    """Also show the sagemaker SDK's and botocore's own log lines (secrets masked)."""
+    wait: bool = False
+    """After creating the job, print its hosts' log lines until it ends, then its status;
+    exit 0 only if it Completed."""
 
     def __post_init__(self) -> None:
         require(bool(_ROLE_ARN.fullmatch(self.role)),
@@ -114,13 +143,20 @@ class SubmitSettings(ClusterSettings):
                     "with --spot, or be 0 for twice --max-run")
         else:
             require(self.max_wait == 0, "--max-wait applies only with --spot")
+        require(not (self.wait and self.dry_run), "--wait needs a real job: drop --dry-run")
         require(self.volume_size_gb >= 1, "--volume-size-gb must be >= 1")
+        require(self.stop_budget <= STOP_BUDGET_MAX,
+                f"--stop-budget must be <= {STOP_BUDGET_MAX:.0f} s, got {self.stop_budget:g}: "
+                f"SageMaker kills every host {SAGEMAKER_STOP_WINDOW:.0f} s after a stop's "
+                "SIGTERM, and the final checkpoint still has to reach S3")
         require(not self.job_name or (len(self.job_name) <= _JOB_PREFIX_MAX
                                       and bool(_JOB_PREFIX.fullmatch(self.job_name))),
                 f"--job-name must be letters, digits and hyphens, at most {_JOB_PREFIX_MAX} "
                 f"characters, got {self.job_name!r}")
         require(not self.source_dir or Path(self.source_dir).is_dir(),
                 f"--source-dir {self.source_dir!r} is not a directory")
+        require(not (self.no_requirements and self.requirements),
+                "--no-requirements and --requirements exclude each other")
         require(not self.requirements or (bool(self.source_dir) and (
             Path(self.source_dir) / self.requirements).is_file()),
                 f"--requirements {self.requirements!r} must name a file inside --source-dir")
@@ -149,9 +185,63 @@ def hyperparameters(settings: ClusterSettings) -> dict[str, str]:
     require(len(values) <= 100, f"{len(values)} settings differ from their defaults; a job "
             "takes at most 100 hyperparameters")
     for key, value in values.items():
-        require(len(value) <= 2500, f"--{key.replace('_', '-')} is too long for a "
-                "hyperparameter (2500 characters)")
+        flag = f"--{key.replace('_', '-')}"
+        require(len(value) <= 2500, f"{flag} is too long for a hyperparameter (2500 characters)")
+        # sm_train.sh sources `export SM_HP_KEY='value'` under `set -e`: a quote ends the
+        # string there and every host would fail before hetrl starts.
+        require("'" not in value, f"{flag} {value} contains a ' (single quote), which "
+                "SageMaker's sm_train.sh cannot pass on: remove it")
     return values
+
+
+# Env ids whose simulator is an optional gymnasium extra, and requirement names that
+# install it (a line naming one of them, e.g. gymnasium[mujoco]>=1.0 or ale-py).
+_ENV_EXTRAS = {
+    "MuJoCo": (re.compile(r"(Ant|HalfCheetah|Hopper|Humanoid|HumanoidStandup|"
+                          r"InvertedPendulum|InvertedDoublePendulum|Pusher|Reacher|Swimmer|"
+                          r"Walker2d)-v\d+"), ("gymnasium[mujoco]", "mujoco"),
+               "gymnasium[mujoco]>=1.0,<2"),
+    "Atari": (re.compile(r"ALE/.+"), ("gymnasium[atari]", "ale-py", "ale_py"), "ale-py>=0.9"),
+}
+
+
+def check_on_aws_terms(settings: SubmitSettings) -> list[str]:
+    """Refuse now what would fail later on the hosts; return warnings it also logged.
+
+    Raises:
+        ConfigError: an instance type SageMaker training does not offer (botocore's
+            service model lists them), a hyperparameter sm_train.sh cannot pass, or a
+            volume too small for the image.
+    """
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    offered = set(model.shape_for("TrainingInstanceType").enum)
+    for flag, value in (("--env-type", settings.env_type),
+                        ("--learner-type", settings.learner_type)):
+        if value not in offered:
+            near = difflib.get_close_matches(value, sorted(offered), n=3)
+            raise ConfigError(f"{flag} {value} is not a SageMaker training instance type"
+                              + (f"; did you mean {', '.join(near)}?" if near else ""))
+    hyperparameters(settings)  # raises on a ' or an over-long value
+    minimum = MIN_VOLUME_GB if not settings.image else 1
+    require(settings.volume_size_gb >= minimum,
+            f"--volume-size-gb {settings.volume_size_gb} is too small: the AWS PyTorch "
+            f"training image needs about {MIN_VOLUME_GB} GB on each host")
+    warnings = []
+    if not settings.no_requirements:
+        lines = requirement_lines(settings)
+        for name, (pattern, installers, line) in _ENV_EXTRAS.items():
+            if pattern.fullmatch(settings.env) and not any(
+                    line_.lower().startswith(installer) for line_ in lines
+                    for installer in installers):
+                warnings.append(f"--env {settings.env} needs {name} on every host, and no "
+                                f"requirements line installs it: add '{line}' to your "
+                                "--requirements file (or use an --image that has it with "
+                                "--no-requirements)")
+    for warning in warnings:
+        log.warning("%s", warning)
+    return warnings
 
 
 def job_prefix(settings: SubmitSettings) -> str:
@@ -177,6 +267,14 @@ def runtime_requirements() -> list[str]:
             and re.split(r"[^A-Za-z0-9._-]", line.strip(), maxsplit=1)[0].lower() != "torch"]
 
 
+def requirement_lines(settings: SubmitSettings) -> list[str]:
+    """The job's requirements.txt: hetrl's runtime dependencies, then --requirements."""
+    lines = runtime_requirements()
+    if settings.requirements:
+        lines += (Path(settings.source_dir) / settings.requirements).read_text().splitlines()
+    return lines
+
+
 def stage_code(settings: SubmitSettings, into: Path) -> None:
     """Fill `into` with the job's code: hetrl's packages, launcher.py, requirements.txt
     (hetrl's runtime dependencies, then the lines of --requirements) and the contents of
@@ -187,7 +285,6 @@ def stage_code(settings: SubmitSettings, into: Path) -> None:
         ConfigError: --source-dir holds a top-level name hetrl needs for itself.
     """
     _copy_package(into / PACKAGE)
-    lines = runtime_requirements()
     if settings.source_dir:
         source = Path(settings.source_dir)
         allowed = {REQUIREMENTS} if Path(settings.requirements) == Path(REQUIREMENTS) else set()
@@ -196,20 +293,22 @@ def stage_code(settings: SubmitSettings, into: Path) -> None:
                 "which hetrl's job code uses: rename or move them (a requirements.txt "
                 "there is fine when passed as --requirements)")
         shutil.copytree(source, into, ignore=_IGNORE, dirs_exist_ok=True)
-        if settings.requirements:
-            lines += (source / settings.requirements).read_text().splitlines()
-    (into / REQUIREMENTS).write_text("\n".join(lines) + "\n")
+    if not settings.no_requirements:
+        (into / REQUIREMENTS).write_text("\n".join(requirement_lines(settings)) + "\n")
     (into / ENTRY_SCRIPT).write_text(LAUNCHER)
 
 
-def build_request(settings: SubmitSettings) -> dict[str, Any]:
+def build_request(settings: SubmitSettings,
+                  channels_into: Path | None = None) -> dict[str, Any]:
     """The CreateTrainingJob request of `settings` as the SDK builds it, with a fresh
-    HETRL_TOKEN; needs neither credentials nor network, and sends nothing.
+    HETRL_TOKEN; needs neither credentials nor network, and sends nothing. With
+    `channels_into`, the local folders the SDK would upload (channels `code` and
+    `sm_drivers`, the latter holding its sm_train.sh) are copied there, one per channel.
 
     Raises:
         ConfigError: the SDK is missing, or it or botocore refuses the settings.
     """
-    return _drive(settings, dry_run=True)
+    return _drive(settings, dry_run=True, channels_into=channels_into)
 
 
 def submit(settings: SubmitSettings) -> str:
@@ -222,17 +321,87 @@ def submit(settings: SubmitSettings) -> str:
 
 
 def run_submit(settings: SubmitSettings) -> int:
-    """`hetrl submit`: print the dry-run request (JSON) or the created job's name; 0."""
+    """`hetrl submit`: print the dry-run request (JSON, secrets masked) or the created
+    job's name (then with --wait its logs and status); the exit code."""
     if settings.dry_run:
-        # The request includes HETRL_TOKEN in clear: whoever can DescribeTrainingJob sees it.
-        print(json.dumps(build_request(settings), indent=2, sort_keys=True, default=str))
-    else:
-        print(submit(settings))
-    return 0
+        request = mask_secrets(build_request(settings))
+        print(json.dumps(request, indent=2, sort_keys=True, default=str))
+        return 0
+    job = submit(settings)
+    print(job, flush=True)
+    if not settings.wait:
+        return 0
+    import boto3
+
+    from hetrl.launch.jobs import follow
+
+    session = boto3.Session(region_name=settings.region)
+    status = follow(session.client("sagemaker"), session.client("logs"), job)
+    return 0 if status == "Completed" else 1
 
 
-def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any) -> Any:
-    """The sagemaker `ModelTrainer` of `settings`, with `code_dir` as its source code.
+MASK = "******"
+"""What a secret shows as wherever hetrl prints or logs it (as the SDK's own drivers do)."""
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL", "PRIVATE")
+_SDK_LOGGERS = ("sagemaker", "sagemaker_core", "botocore", "boto3", "s3transfer", "urllib3")
+
+
+def mask_secrets(request: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a CreateTrainingJob request with every environment value whose name
+    says it is secret (HETRL_TOKEN, ..._SECRET_..., ..._KEY) replaced by MASK."""
+    masked = dict(request)
+    if "Environment" in masked:
+        masked["Environment"] = {
+            key: MASK if any(word in key.upper() for word in _SECRET_WORDS) else value
+            for key, value in masked["Environment"].items()}
+    return masked
+
+
+class _MaskFilter(logging.Filter):
+    """Replaces the given secrets by MASK in every record a handler emits."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if s]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if any(secret in message for secret in self.secrets):
+            for secret in self.secrets:
+                message = message.replace(secret, MASK)
+            record.msg, record.args = message, None
+        return True
+
+
+@contextlib.contextmanager
+def _sdk_logging(verbose: bool, secrets: list[str]) -> Iterator[None]:
+    """While the SDK runs: its loggers (and botocore's) silent unless `verbose`, since
+    hetrl's own errors already say what failed and what to do; and `secrets` masked in
+    whatever any handler emits."""
+    names = {name for name in logging.root.manager.loggerDict
+             if name.split(".")[0] in _SDK_LOGGERS} | set(_SDK_LOGGERS)
+    levels = {name: logging.getLogger(name).level for name in names}
+    if not verbose:
+        for name in names:
+            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    loggers = [logging.root, *(logging.getLogger(name) for name in names)]
+    handlers = {handler for logger in loggers for handler in logger.handlers}
+    mask = _MaskFilter(secrets)
+    for handler in handlers:
+        handler.addFilter(mask)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(mask)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any,
+                  token: str = "") -> Any:
+    """The sagemaker `ModelTrainer` of `settings`, with `code_dir` as its source code and
+    `token` (empty: a fresh one) as the job's HETRL_TOKEN.
 
     Raises:
         ConfigError: the SDK is missing or no image can be resolved.
@@ -252,11 +421,7 @@ def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any) -> Any
         role=settings.role,
         base_job_name=job_prefix(settings),
         training_image=training_image(settings),
-        # `command`, not `entry_script`: the SDK's script driver would also pass every
-        # hyperparameter as `--key value` (lists as "[64, 64]", bools as "false"), which the
-        # entry point's flag parser refuses; it reads them from hyperparameters.json instead.
-        source_code=configs.SourceCode(source_dir=str(code_dir), requirements=REQUIREMENTS,
-                                       command=f"python3 {ENTRY_SCRIPT}"),
+        source_code=source_code(settings, code_dir),
         compute=configs.Compute(instance_groups=groups, volume_size_in_gb=settings.volume_size_gb,
                                 enable_managed_spot_training=settings.spot),
         stopping_condition=configs.StoppingCondition(
@@ -269,8 +434,21 @@ def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any) -> Any
                                                    local_path=settings.checkpoint_dir),
         hyperparameters=hyperparameters(settings),
         # Visible in clear to whoever may DescribeTrainingJob; hosts mask it in their logs.
-        environment={"HETRL_TOKEN": secrets.token_urlsafe(32)},
+        environment={"HETRL_TOKEN": token or secrets.token_urlsafe(32)},
     )
+
+
+def source_code(settings: SubmitSettings, code_dir: Path) -> Any:
+    """The job's `SourceCode`: `code_dir`, its requirements, and the command sm_train.sh runs."""
+    _require_sdk()
+    from sagemaker.core.training import configs
+
+    # `command`, not `entry_script`: the SDK's script driver would also pass every
+    # hyperparameter as `--key value` (lists as "[64, 64]", bools as "false"), which the
+    # entry point's flag parser refuses; it reads them from hyperparameters.json instead.
+    return configs.SourceCode(
+        source_dir=str(code_dir), command=COMMAND,
+        requirements=None if settings.no_requirements else REQUIREMENTS)
 
 
 def training_image(settings: SubmitSettings) -> str:
@@ -328,10 +506,12 @@ def _refuse_send(request: Any, **_: Any) -> None:
     raise ConfigError(f"hetrl dry run: refusing to send a request to {request.url}")
 
 
-def _drive(settings: SubmitSettings, dry_run: bool) -> dict[str, Any]:
+def _drive(settings: SubmitSettings, dry_run: bool,
+           channels_into: Path | None = None) -> dict[str, Any]:
     from unittest import mock  # patch.dict: a scoped, restored environment change
 
     _require_sdk()
+    check_on_aws_terms(settings)
     import boto3
     import botocore.session
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
@@ -346,12 +526,15 @@ def _drive(settings: SubmitSettings, dry_run: bool) -> dict[str, Any]:
     boto_session = boto3.Session(botocore_session=core, region_name=settings.region)
     # Offline the SDK's IAM check of --role cannot run: skip it rather than warn.
     skip_role_check = {"SAGEMAKER_VALIDATE_ROLE": "false"} if dry_run else {}
-    with tempfile.TemporaryDirectory(prefix="hetrl-job-") as code_dir:
+    token = secrets.token_urlsafe(32)
+    with (tempfile.TemporaryDirectory(prefix="hetrl-job-") as code_dir,
+          _sdk_logging(settings.verbose, [token])):
         stage_code(settings, Path(code_dir))
         try:
             with mock.patch.dict(os.environ, skip_role_check):
                 trainer = build_trainer(settings, Path(code_dir),
-                                        _session(settings, boto_session, dry_run))
+                                        _session(settings, boto_session, dry_run,
+                                                 channels_into), token)
             trainer.train(wait=False, logs=False)
         except _Stop:
             pass
@@ -373,8 +556,10 @@ def _drive(settings: SubmitSettings, dry_run: bool) -> dict[str, Any]:
     return capture.request
 
 
-def _session(settings: SubmitSettings, boto_session: Any, dry_run: bool) -> Any:
-    """A sagemaker Session that stages code under --output; with dry_run, offline."""
+def _session(settings: SubmitSettings, boto_session: Any, dry_run: bool,
+             channels_into: Path | None = None) -> Any:
+    """A sagemaker Session that stages code under --output; with dry_run, offline (and
+    copying each uploaded folder to channels_into/<channel> when given)."""
     from sagemaker.core.config.config import load_sagemaker_config
     from sagemaker.core.helper.session_helper import Session
 
@@ -394,6 +579,9 @@ def _session(settings: SubmitSettings, boto_session: Any, dry_run: bool) -> Any:
             bucket, key_prefix = self.determine_bucket_and_prefix(
                 bucket=bucket, key_prefix=key_prefix, sagemaker_session=self)
             name = "" if os.path.isdir(path) else "/" + os.path.basename(path)
+            if channels_into is not None and os.path.isdir(path):
+                channel = key_prefix.rstrip("/").rsplit("/", 1)[-1]
+                shutil.copytree(path, channels_into / channel, dirs_exist_ok=True)
             return f"s3://{bucket}/{key_prefix}{name}"
 
     # The user's SDK defaults apply as in a real submission, plus the SDK's telemetry

@@ -5,6 +5,12 @@ The launcher puts its PID in HETRL_PARENT_PID; the child's entry point calls
 (PR_SET_PDEATHSIG) and ends at once if the parent is already gone. This runs after
 exec, in the child's own main, because code run between fork and exec (subprocess's
 preexec_fn) can deadlock when the parent has threads, and gRPC always has some.
+
+`catch_stop_early()` is for a process that may be PID 1 of a container (a SageMaker host
+run as `exec python3 launcher.py`): the kernel drops a signal sent to a namespace's init
+process unless it has a handler, so a SIGTERM that arrived while heavy modules were still
+importing would be lost. It records the signal until the role installs its own handlers
+and asks `early_stop()`. Standard library only, so it can run before anything else.
 """
 
 from __future__ import annotations
@@ -18,6 +24,19 @@ PARENT_ENV = "HETRL_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 
 
+_early_signals: list[int] = []
+
+
+def catch_stop_early() -> None:
+    """Record SIGTERM from now on, until a role installs its own handler."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: _early_signals.append(signum))
+
+
+def early_stop() -> str | None:
+    """"signal SIGTERM" if one arrived while only `catch_stop_early`'s handler was set."""
+    return f"signal {signal.Signals(_early_signals[0]).name}" if _early_signals else None
+
+
 def die_with_parent() -> None:
     """If a hetrl launcher started this process, receive SIGTERM when it dies."""
     parent = os.environ.get(PARENT_ENV, "")
@@ -25,5 +44,7 @@ def die_with_parent() -> None:
         return
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != int(parent):  # it died before the request took effect
+    # getppid() is 0 for the first process of a PID namespace (its parent lives outside,
+    # e.g. a host started under `unshare --pid`): nothing to compare, the request stands.
+    if os.getppid() not in (0, int(parent)):  # it died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)

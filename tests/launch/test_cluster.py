@@ -41,33 +41,95 @@ def write_tree(base: Path, resource: dict, hyperparameters: dict) -> Path:
     return base
 
 
-def run_host(base: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+# AWS's example of a heterogeneous job's resourceconfig.json (SageMaker developer guide,
+# "How Amazon SageMaker Provides Training Information": distributed training configuration
+# of a heterogeneous cluster), in its shape: group host lists unsorted, the job's host list
+# unsorted too, and group membership unrelated to algo numbers.
+AWS_EXAMPLE = {
+    "current_host": "algo-4", "current_instance_type": "ml.c5.18xlarge",
+    "current_group_name": "data_group",
+    "hosts": ["algo-4", "algo-2", "algo-1", "algo-3"],
+    "instance_groups": [
+        {"instance_group_name": "data_group", "instance_type": "ml.c5.18xlarge",
+         "hosts": ["algo-4", "algo-1"]},
+        {"instance_group_name": "dnn_group", "instance_type": "ml.p4d.24xlarge",
+         "hosts": ["algo-3", "algo-2"]}],
+    "network_interface_name": "eth0",
+}
+# A homogeneous job: no instance groups at all.
+HOMOGENEOUS = {"current_host": "algo-2", "hosts": ["algo-2", "algo-1"],
+               "network_interface_name": "eth0"}
+HYPERPARAMETERS = {"total_steps": "1000", "env": '"Pendulum-v1"', "hidden_sizes": "[32, 32]",
+                   "anneal_lr": "false", "env_groups": "cpu_a,cpu_b",
+                   "sagemaker_program": '"launcher.py"', "plain": "not json"}
+# Makes `import sagemaker_training` fail, as on an image without the toolkit.
+WITHOUT_TOOLKIT = "import sys; sys.modules['sagemaker_training'] = None; "
+
+
+def run_host(base: Path, *args: str, timeout: float = 60,
+             toolkit: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ, SAGEMAKER_BASE_DIR=str(base), HETRL_TOKEN="t",
                HETRL_HOST_MAP="algo-1=127.0.0.1,algo-2=127.0.0.2,algo-3=127.0.0.3")
-    return subprocess.run([sys.executable, "-m", "hetrl.launch.host", *args], cwd=ROOT, env=env,
+    code = ("" if toolkit else WITHOUT_TOOLKIT) + (
+        "import runpy, sys; sys.argv[1:] = sys.argv[2:]; "
+        "runpy.run_module('hetrl.launch.host', run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code, "--", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def read_cluster_in(base: Path) -> dict:
-    """read_cluster runs in a child: sagemaker_training reads its base dir at import."""
-    code = ("import json; from launch.cluster import read_cluster; c = read_cluster(); "
-            "print(json.dumps({'host': c.current_host, 'group': c.current_group, "
-            "'groups': c.groups, 'hetero': c.is_hetero, 'hp': c.hyperparameters, "
-            "'env_hosts': c.hosts_of(('env_group',)), 'model': str(c.model_dir)}))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, SAGEMAKER_BASE_DIR=str(base)), timeout=60)
+def read_cluster_in(base: Path, toolkit: bool = True) -> dict:
+    """read_cluster in a child (sagemaker_training reads its base dir at import), with
+    the toolkit or as on an image that lacks it."""
+    code = ("" if toolkit else WITHOUT_TOOLKIT) + (
+        "import json, sys; from hetrl.launch.cluster import read_cluster; c = read_cluster(); "
+        "print(json.dumps({'host': c.current_host, 'group': c.current_group, "
+        "'groups': c.groups, 'types': c.instance_types, 'hetero': c.is_hetero, "
+        "'hp': c.hyperparameters, 'env_hosts': c.hosts_of(('env_group',)), "
+        "'model': str(c.model_dir), 'output': str(c.output_dir), 'base': str(c.base_dir), "
+        "'cpus': c.num_cpus, 'gpus': c.num_gpus, "
+        "'toolkit': 'sagemaker_training.environment' in sys.modules}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, env=dict(os.environ, SAGEMAKER_BASE_DIR=str(base)),
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_reads_the_design_example_without_sorting(tmp_path: Path) -> None:
+@pytest.mark.parametrize("toolkit", [True, False], ids=["toolkit", "files"])
+def test_reads_the_design_example_without_sorting(tmp_path: Path, toolkit: bool) -> None:
     base = write_tree(tmp_path, DESIGN_EXAMPLE, {"total_steps": "1000", "env": '"Pendulum-v1"'})
-    view = read_cluster_in(base)
+    view = read_cluster_in(base, toolkit)
+    assert view["toolkit"] is toolkit
     assert view["host"] == "algo-1" and view["group"] == "env_group" and view["hetero"]
     assert view["env_hosts"] == ["algo-3", "algo-1"]  # as configured, not sorted
     assert view["groups"]["learner_group"] == ["algo-2"]
     assert view["hp"] == {"total_steps": 1000, "env": "Pendulum-v1"}
     assert view["model"] == str(base / "model")
+
+
+@pytest.mark.parametrize("resource", [DESIGN_EXAMPLE, AWS_EXAMPLE, HOMOGENEOUS],
+                         ids=["design", "aws", "homogeneous"])
+def test_the_files_read_exactly_as_the_toolkit_reads_them(tmp_path: Path,
+                                                          resource: dict) -> None:
+    base = write_tree(tmp_path, resource, HYPERPARAMETERS)
+    with_toolkit, without = read_cluster_in(base, True), read_cluster_in(base, False)
+    assert with_toolkit.pop("toolkit") and not without.pop("toolkit")
+    assert without == with_toolkit
+    if resource is AWS_EXAMPLE:
+        assert without["groups"] == {"data_group": ["algo-4", "algo-1"],
+                                     "dnn_group": ["algo-3", "algo-2"]}
+        assert without["group"] == "data_group" and without["hetero"]
+        assert without["types"]["dnn_group"] == "ml.p4d.24xlarge"
+    if resource is HOMOGENEOUS:
+        assert without["groups"] == {"homogeneousCluster": ["algo-2", "algo-1"]}
+        assert not without["hetero"]
+    assert without["hp"]["plain"] == "not json" and "sagemaker_program" not in without["hp"]
+
+
+def test_without_the_toolkit_a_missing_config_is_a_clear_error(tmp_path: Path) -> None:
+    result = run_host(tmp_path, toolkit=False)
+    assert result.returncode == 2
+    assert "cannot read the SageMaker config under" in result.stderr
 
 
 def test_hyperparameters_map_onto_settings() -> None:
@@ -105,12 +167,13 @@ def test_host_map_and_resolve() -> None:
     assert resolve("localhost", 1.0) == "127.0.0.1"
 
 
-def test_unknown_group_writes_the_failure_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("toolkit", [True, False], ids=["toolkit", "files"])
+def test_unknown_group_writes_the_failure_file(tmp_path: Path, toolkit: bool) -> None:
     resource = dict(DESIGN_EXAMPLE, current_group_name="mystery_group")
     resource["instance_groups"] = [*DESIGN_EXAMPLE["instance_groups"],
                                    {"instance_group_name": "mystery_group", "hosts": ["algo-1"]}]
     base = write_tree(tmp_path, resource, {})
-    result = run_host(base)
+    result = run_host(base, toolkit=toolkit)
     assert result.returncode == 2, result.stderr
     failure = (base / "output" / "failure").read_text()
     assert "mystery_group" in failure and "learner_group" in failure

@@ -30,6 +30,9 @@ def test_emulated_cluster_solves_cartpole(tmp_path: Path) -> None:
                  "300000", "--seed", "1", "--out", str(out))
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
+    # one stream with every host's lines, each prefixed as in CloudWatch
+    for prefix in ("[algo-1 env-host] ", "[algo-3 worker-1] ", "[algo-2 learner] "):
+        assert prefix in output, prefix
     summary = json.loads((out / "hosts" / "algo-2" / "model" / "summary.json").read_text())
     assert summary["mean_return_100"] >= 475, summary
     assert len(summary["workers"]) == 4  # 2 env hosts x 2 workers

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from botocore.validate import ParamValidator  # noqa: E402
 from hetrl.launch.settings import ClusterSettings  # noqa: E402
 from hetrl.launch.submit import (  # noqa: E402
     LAUNCHER,
+    MASK,
     SubmitSettings,
     build_request,
     build_trainer,
@@ -46,30 +46,8 @@ EXAMPLE = dict(env="Humanoid-v5", env_type="ml.c5.9xlarge", env_count=2,
 
 
 @pytest.fixture(autouse=True)
-def offline(monkeypatch, tmp_path):
-    """Fake credentials, no metadata service, telemetry off; resolving or connecting fails."""
-    sdk_config = tmp_path / "sagemaker-config.yaml"
-    sdk_config.write_text(
-        "SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
-        "      TelemetryOptOut: true\n")
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing", "AWS_SECURITY_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_CONFIG_FILE": str(tmp_path / "none"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-        "SAGEMAKER_ADMIN_CONFIG_OVERRIDE": str(sdk_config),
-        "SAGEMAKER_USER_CONFIG_OVERRIDE": str(sdk_config),
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.delenv("SAGEMAKER_VALIDATE_ROLE", raising=False)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"a test tried to reach the network: {args}")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket.socket, "connect", refuse)
+def offline(aws_offline):
+    """Every test here runs offline (see conftest.aws_offline)."""
 
 
 def example(**changes) -> SubmitSettings:
@@ -144,7 +122,8 @@ def test_real_submission_builds_the_same_trainer_with_a_fresh_token(monkeypatch,
     assert first.compute.enable_managed_spot_training is True
     assert first.stopping_condition.max_wait_time_in_seconds == 2 * 86_400
     # Run as a command, so the SDK does not also pass hyperparameters as flags.
-    assert first.source_code.command == "python3 launcher.py"
+    # exec: the launcher becomes PID 1 of the container, so a job stop's SIGTERM reaches it
+    assert first.source_code.command == "exec python3 launcher.py"
     assert first.source_code.entry_script is None and not first.source_code.args
     assert first.hyperparameters == {"env": '"Humanoid-v5"'}
     assert first.environment["HETRL_TOKEN"] != second.environment["HETRL_TOKEN"]
@@ -201,8 +180,8 @@ def test_staged_code_has_hetrl_the_user_code_requirements_and_entry(tmp_path):
     assert (staged / "hetrl" / "protos" / "hetrl.proto").is_file()
     assert not (staged / "hetrl" / "tests").exists() and not (staged / "hetrl" / "bench").exists()
     assert not list(staged.rglob("__pycache__"))
-    assert (staged / "launcher.py").read_text() == (
-        "from hetrl.launch.host import main\nraise SystemExit(main())\n") == LAUNCHER
+    assert (staged / "launcher.py").read_text() == LAUNCHER
+    assert "raise SystemExit(main())" in LAUNCHER
     assert (staged / "my_envs" / "__init__.py").is_file()
     lines = (staged / "requirements.txt").read_text().splitlines()
     names = [line.split("<")[0].split(">")[0].split("=")[0] for line in lines]
@@ -235,6 +214,9 @@ def test_user_code_may_not_shadow_hetrl(tmp_path, name):
     (dict(requirements="requirements.txt"), "--requirements"),
     (dict(source_dir="/nonexistent/hetrl"), "--source-dir"),
     (dict(learning_rate=0.0), "--learning-rate"),
+    (dict(stop_budget=120.0), "--stop-budget"),
+    (dict(wait=True), "--wait"),
+    (dict(no_requirements=True, requirements="r.txt"), "--no-requirements"),
 ])
 def test_bad_settings_name_the_flag(changes, flag):
     with pytest.raises(ConfigError, match=flag):
@@ -249,6 +231,7 @@ def test_unknown_image_version_says_what_to_do():
 def test_run_submit_dry_run_prints_the_request(capsys):
     assert run_submit(example()) == 0
     printed = json.loads(capsys.readouterr().out)
+    assert printed["Environment"] == {"HETRL_TOKEN": MASK}
     assert printed["ResourceConfig"]["InstanceGroups"][0]["InstanceCount"] == 2
     assert_valid_for_botocore(printed)
 
@@ -272,3 +255,72 @@ def test_importing_submit_does_not_import_the_sdk():
             "sys.exit(any(m.split('.')[0] in ('sagemaker', 'boto3') for m in sys.modules))")
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=60)
+
+
+def test_dry_run_masks_the_token_and_keeps_the_sdk_quiet():
+    """issue 11 item 6: no secret in clear, no SDK log noise (e.g. its "No region
+    provided" although --region was given) in the user's terminal."""
+    from tests.helpers import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetrl.launch", "submit", "--env", "CartPole-v1", "--role",
+         ROLE, "--region", "eu-west-1", "--image", IMAGE, "--output", "s3://bucket/prefix",
+         "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 0, err
+    assert json.loads(out)["Environment"] == {"HETRL_TOKEN": MASK}
+    assert err == "", err
+
+
+def test_verbose_sdk_lines_pass_with_secrets_masked():
+    import io
+    import logging
+
+    from hetrl.launch.submit import _sdk_logging
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logging.root.addHandler(handler)
+    sdk, ours = logging.getLogger("sagemaker.core.test"), logging.getLogger("hetrl.test")
+    try:
+        for verbose in (False, True):
+            with _sdk_logging(verbose, ["s3cr3t-t0ken"]):
+                sdk.warning("No region provided; env HETRL_TOKEN=%s", "s3cr3t-t0ken")
+                ours.warning("hetrl line s3cr3t-t0ken")
+    finally:
+        logging.root.removeHandler(handler)
+    assert stream.getvalue().splitlines() == [
+        "hetrl line ******",  # quiet: only hetrl's own line, masked
+        "No region provided; env HETRL_TOKEN=******", "hetrl line ******"]  # verbose
+    sdk.warning("after")  # levels are restored afterwards
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(env_type="ml.c5.9xlarg"), r"--env-type ml.c5.9xlarg is not a SageMaker training "
+                                    r"instance type; did you mean ml.c5.9xlarge"),
+    (dict(learner_type="ml.g5.3xlarge"), "--learner-type ml.g5.3xlarge is not"),
+    (dict(env="My'Env-v0"), r"--env .* contains a ' \(single quote\)"),
+    (dict(image="", volume_size_gb=10), "--volume-size-gb 10 is too small"),
+])
+def test_what_would_fail_on_the_hosts_is_refused_at_submit(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        build_request(example(**changes))
+
+
+def test_mujoco_without_a_requirement_warns_and_no_requirements_installs_nothing(tmp_path):
+    from hetrl.launch.submit import check_on_aws_terms
+
+    (warning,) = check_on_aws_terms(example(env="Humanoid-v5"))
+    assert "needs MuJoCo" in warning and "gymnasium[mujoco]" in warning
+    assert "needs Atari" in check_on_aws_terms(example(env="ALE/Pong-v5"))[0]
+    (tmp_path / "reqs.txt").write_text("gymnasium[mujoco]>=1.0,<2\n")
+    assert check_on_aws_terms(example(env="Humanoid-v5", source_dir=str(tmp_path),
+                                      requirements="reqs.txt")) == []
+    assert check_on_aws_terms(example(env="CartPole-v1")) == []
+    # An image that has everything: no requirements.txt, no install step in sm_train.sh
+    request = build_request(example(env="Humanoid-v5", no_requirements=True),
+                            channels_into=tmp_path / "channels")
+    assert not (tmp_path / "channels" / "code" / "requirements.txt").exists()
+    script = (tmp_path / "channels" / "sm_drivers" / "sm_train.sh").read_text()
+    assert "install_requirements" not in script and "exec python3 launcher.py" in script
+    assert_valid_for_botocore(request)
