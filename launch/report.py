@@ -160,7 +160,8 @@ def _plots(run: Run, out: Path) -> list[tuple[str, str]]:
         ax.set_ylim(0, 1.05)
         ax.set_xlabel("env steps")
         ax.set_ylabel("fraction busy")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never on a line
+        if ax.get_legend_handles_labels()[0]:  # beside the axes: never over a line
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax.grid(alpha=0.3)
         save(fig, "utilisation.png", "Utilisation per group")
     lags = run.summary.get("policy_lag_histogram") or {}
