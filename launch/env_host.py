@@ -161,7 +161,7 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
                 restarts += 1
                 if code == WORKER_EXIT_UNHEALTHY:
                     failure = (f"env host {cluster.current_host}: {worker.name} is unhealthy: "
-                               f"its env kept failing (env_failure_limit):\n{worker.log_tail()}")
+                               f"its env kept failing (env_failure_rate):\n{worker.log_tail()}")
                     break
                 if restarts > MAX_WORKER_RESTARTS:
                     failure = (f"env host {cluster.current_host}: {worker.name} crashed "

@@ -25,6 +25,11 @@ class EnvUnhealthyError(EnvError):
     message carries the env's last traceback."""
 
 
+class EnvShapeError(EnvUnhealthyError):
+    """An env returned an observation whose shape is not its observation space's; a bug
+    in the env that recreating it cannot fix, so it ends the worker as unhealthy."""
+
+
 class NonFiniteError(HetrlError, ValueError):
     """NaN or Inf in observations, rewards or weights under --nonfinite fail."""
 

@@ -117,7 +117,8 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
         _check_fragment_size(settings, obs_space, act_space)
         self.collector = Collector(
             self.envs, self.policy, settings.fragment_length, seed, remake=self._make_envs,
-            failure_limit=settings.env_failure_limit, nonfinite=settings.nonfinite,
+            failure_rate=settings.env_failure_rate,
+            failure_window=settings.env_failure_window, nonfinite=settings.nonfinite,
         )
         self.hello = hetrl_pb2.Hello(
             worker_id=settings.worker_id,

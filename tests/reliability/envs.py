@@ -91,3 +91,44 @@ class HangsOnce(Counting):
         os.close(fd)
         while True:
             time.sleep(1)
+
+
+class FailsEvery(Counting):
+    """Episodes of 100 steps, but every instance raises at each 30th of its own steps:
+    a fault rate of 3% on which no episode ever completes."""
+
+    made = itertools.count()
+
+    def step(self, action):
+        obs, reward, _, _, info = super().step(action)
+        return obs, reward, False, self.t >= 100, info
+
+    def fault(self) -> None:
+        if self.total_steps % 30 == 0:
+            raise RuntimeError("rare physics fault (test fault)")
+
+
+class NaNSometimes(Counting):
+    """A NaN observation on one step in 500 of the process (0.2% of steps), episodes of
+    1000 steps."""
+
+    made = itertools.count()
+    calls = itertools.count(1)
+
+    def step(self, action):
+        obs, reward, _, _, info = super().step(action)
+        if next(NaNSometimes.calls) % 500 == 0:
+            obs = np.array([np.nan, 0], np.float32)
+        return obs, reward, False, self.t >= 1000, info
+
+
+class WrongShape(Counting):
+    """Announces a (2,) observation space, returns a (3,) observation from its 2nd step."""
+
+    made = itertools.count()
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        if self.total_steps >= 2:
+            obs = np.zeros(3, np.float32)
+        return obs, reward, term, trunc, info
