@@ -181,15 +181,17 @@ class WorkerStream:
             self._outbox.put(credits=1)
 
     def stop(self, reason: str, timeout: float = 10.0) -> bool:
-        """Tell the worker to stop and wait (bounded) for its stream to end."""
+        """Tell the worker to stop and wait (bounded) for its stream to end; a stream
+        still open after `timeout` is closed. True if the stream ended by itself."""
         self._stopping.set()
         self._outbox.put(stop=reason)
         self._thread.join(timeout)
-        if self._thread.is_alive() and self._channel is not None:
+        ended = not self._thread.is_alive()
+        if not ended and self._channel is not None:
             self._channel.close()
             self._thread.join(2.0)
         self._outbox.close()
-        return not self._thread.is_alive()
+        return ended
 
     @property
     def alive(self) -> bool:

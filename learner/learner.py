@@ -3,8 +3,10 @@
 Lifecycle: connect to all workers (each stream retries for `connect_timeout`), then
 loop { take `fragments_per_batch` fragments off the fan-in queue, drop and count those
 older than `max_policy_lag`, one APPO update, push the new weights to every worker }.
-At the end, on a signal, or on an error, it sends Stop to every worker, saves the model
-as safetensors and a summary, and returns an exit code. It never spawns processes.
+At the end, on a signal, or on an error, it saves the model (safetensors) and a
+checkpoint first, then sends Stop to every worker and waits a bounded time for their
+streams to end (a hung worker never delays the outputs), writes the summary, and returns
+an exit code. It never spawns processes.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ from hetrl.rollout.userpath import user_modules_importable
 log = logging.getLogger("hetrl.learner")
 
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 0
+# Seconds the final Stop waits for the workers' streams to end, after the model and the
+# checkpoint are written; a worker that is hung in its env never answers it.
+FINAL_STOP_SECONDS = 5.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -179,17 +184,15 @@ class Learner:
         finally:
             if s.finishing_file:
                 Path(s.finishing_file).touch()
-            self._stop_workers(outcome)
-            self._save(outcome, metrics)
+            # The model and checkpoint first: no worker, hung or slow, can delay them.
+            self._save_model()
+            log.info("checkpoint %s written", self.checkpoint())
+            not_stopped = self._stop_workers(outcome)
+            self._write_summary(outcome, metrics, not_stopped)
             self.evals.final(self.policy, self.global_step)
             self.evals.forward(metrics)
             metrics.close()
         return code
-
-    def _save(self, outcome: str, metrics: MetricsWriter) -> None:
-        path = self.checkpoint()
-        log.info("checkpoint %s written", path)
-        self._save_model(outcome, metrics)
 
     def _next_batch(self, metrics: MetricsWriter) -> list[Fragment] | None:
         s = self.settings
@@ -328,17 +331,30 @@ class Learner:
         )
 
     # -- shutdown ------------------------------------------------------------------
-    def _stop_workers(self, reason: str) -> None:
-        threads = [
-            threading.Thread(target=stream.stop, args=(reason,), name="stop-worker")
-            for stream in self.streams
-        ]
+    def _stop_workers(self, reason: str) -> list[str]:
+        """Send Stop on every stream at once and wait at most FINAL_STOP_SECONDS for
+        them to end; a stream still open then (a worker hung in its env, or frozen) is
+        closed. Returns the addresses of the workers that did not stop in time."""
+        stopped: dict[str, bool] = {}
+
+        def stop(stream: WorkerStream) -> None:
+            stopped[stream.address] = stream.stop(reason, FINAL_STOP_SECONDS)
+
+        threads = [threading.Thread(target=stop, args=(stream,), daemon=True,
+                                    name=f"stop-{stream.address}") for stream in self.streams]
         for thread in threads:
             thread.start()
+        deadline = time.monotonic() + FINAL_STOP_SECONDS + 3.0  # + closing the channel
         for thread in threads:
-            thread.join(15.0)
+            thread.join(max(0.0, deadline - time.monotonic()))
+        late = [stream.address for stream in self.streams if not stopped.get(stream.address)]
+        if late:
+            log.warning("workers %s did not end their streams within %.0f s of the Stop "
+                        "(hung or frozen); their streams were closed", late,
+                        FINAL_STOP_SECONDS)
+        return late
 
-    def _save_model(self, outcome: str, metrics: MetricsWriter) -> None:
+    def _save_model(self) -> None:
         arrays = policy_arrays(self.policy)
         tmp = self.out / "model.safetensors.tmp"
         save_file(arrays, str(tmp), metadata={
@@ -348,6 +364,9 @@ class Learner:
             "global_step": str(self.global_step),
         })
         tmp.replace(self.out / "model.safetensors")
+
+    def _write_summary(self, outcome: str, metrics: MetricsWriter,
+                       not_stopped: list[str]) -> None:
         summary = {
             "outcome": outcome,
             "env": self.settings.env,
@@ -368,6 +387,7 @@ class Learner:
             "resumed_from": self.resumed_from,
             "worker_collect_seconds": round(self.worker_collect_seconds, 3),
             "worker_wait_seconds": round(self.worker_wait_seconds, 3),
+            "workers_not_stopped": not_stopped,
         }
         hosts = {address.rsplit(":", 1)[0] for address in summary["workers"]}
         verdict = judge(self.wait_seconds, self.train_seconds, self.worker_collect_seconds,

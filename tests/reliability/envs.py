@@ -132,3 +132,20 @@ class WrongShape(Counting):
         if self.total_steps >= 2:
             obs = np.zeros(3, np.float32)
         return obs, reward, term, trunc, info
+
+
+class HangsFor(Counting):
+    """Like HangsOnce, but the hang ends after HETRL_TEST_HANG_SECONDS (default 60)."""
+
+    made = itertools.count()
+
+    def fault(self) -> None:
+        if self.total_steps != 50:
+            return
+        try:
+            fd = os.open(os.environ["HETRL_TEST_HANG_FLAG"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, str(time.time()).encode())
+        os.close(fd)
+        time.sleep(float(os.environ.get("HETRL_TEST_HANG_SECONDS", "60")))

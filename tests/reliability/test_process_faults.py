@@ -114,3 +114,34 @@ def test_hung_env_restarts_its_worker_while_training_goes_on(tmp_path: Path) -> 
     assert summary["fragments_duplicate"] == 0
     assert "is hung" in (out / "launch" / "logs").joinpath(
         f"worker-{0 if 'worker-0 exited' in log.read_text() else 1}.log").read_text()
+
+
+def test_worker_hung_at_the_end_never_delays_the_model_and_the_run_exits_0(
+        tmp_path: Path) -> None:
+    """One worker's env hangs for 60 s (under --step-timeout, so no watchdog) while the
+    other finishes the run: the model and checkpoint are written as training ends, the
+    hung stream is closed after the bounded final Stop, and the run exits 0."""
+    out, flag = tmp_path / "hang-end", tmp_path / "hang.flag"
+    proc, log = start(out, "--env", "tests.reliability.envs:HangsFor", "--workers", "2",
+                      "--envs-per-worker", "2", "--fragment-length", "16", "--total-steps",
+                      "3000", "--shutdown-grace", "2",
+                      env={"HETRL_TEST_HANG_FLAG": str(flag), "HETRL_TEST_HANG_SECONDS": "60"})
+    try:
+        wait_for(flag.exists, 120, "an env to hang")
+        assert proc.wait(120) == 0, log.read_text()[-3000:]
+        ended = time.time()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    finishing = (out / "launch" / "learner.finishing").stat().st_mtime
+    model = (out / "model.safetensors").stat().st_mtime
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"\nworker hung at the end: model written {model - finishing:.2f} s after training "
+          f"ended; launcher exit 0 {ended - finishing:.1f} s after it; hang began "
+          f"{finishing - float(flag.read_text()):.1f} s before it; not stopped: "
+          f"{summary['workers_not_stopped']}")
+    assert float(flag.read_text()) + 60 > ended  # the env was still hung throughout
+    assert model - finishing < 2.0  # was ~12 s: the final Stop waited on the hung stream
+    assert len(summary["workers_not_stopped"]) == 1
+    assert summary["outcome"] == "finished" and summary["global_step"] >= 3000
+    wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
