@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.numpy import save_file
+from safetensors.numpy import save as safetensors_bytes
 
-from hetrl.learner.checkpoint import load_latest, save_checkpoint
+from hetrl.learner.checkpoint import load_latest, save_checkpoint, write_atomic
 from hetrl.learner.connections import (
     StreamFailure,
     StreamSpec,
@@ -42,7 +42,13 @@ from hetrl.learner.verdict import judge
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
 from hetrl.rollout.envs import describe_env
-from hetrl.rollout.errors import HetrlError, NonFiniteError, ProtocolError, WorkerLostError
+from hetrl.rollout.errors import (
+    HetrlError,
+    NonFiniteError,
+    OutputError,
+    ProtocolError,
+    WorkerLostError,
+)
 from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.fragments import Fragment
 from hetrl.rollout.lifetime import die_with_parent
@@ -162,7 +168,7 @@ class Learner:
     def run(self) -> int:
         s = self.settings
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "settings.json").write_text(to_json(s))
+        write_atomic(self.out / "settings.json", to_json(s).encode())
         metrics = MetricsWriter(self.out, progress=s.progress)
         for stream in self.streams:
             stream.start()
@@ -175,7 +181,7 @@ class Learner:
                     break
                 self._train(batch, metrics)
                 if time.monotonic() - self._last_checkpoint > s.checkpoint_every:
-                    self.checkpoint()
+                    self._save_outputs(periodic=True)
             if self._stop_reason is not None:
                 outcome, code = f"stopped: {self._stop_reason}", EXIT_INTERRUPTED
         except HetrlError as exc:
@@ -185,14 +191,34 @@ class Learner:
             if s.finishing_file:
                 Path(s.finishing_file).touch()
             # The model and checkpoint first: no worker, hung or slow, can delay them.
-            self._save_model()
-            log.info("checkpoint %s written", self.checkpoint())
+            failed = self._save_outputs(periodic=False)
             not_stopped = self._stop_workers(outcome)
-            self._write_summary(outcome, metrics, not_stopped)
+            try:
+                self._write_summary(outcome, metrics, not_stopped)
+            except OutputError as exc:
+                log.error("%s", exc)
+                failed = True
             self.evals.final(self.policy, self.global_step)
             self.evals.forward(metrics)
             metrics.close()
-        return code
+        return EXIT_ERROR if failed else code
+
+    def _save_outputs(self, periodic: bool) -> bool:
+        """Write the model, then a checkpoint; True if either failed. A failure (a full
+        disk) leaves the previous file of each in place and no temporary file. Training
+        goes on after a periodic failure (the model on disk is then the last one that
+        fitted); a failure at the end makes the run's exit code 1."""
+        failed = False
+        for what, write in (("model", self._save_model), ("checkpoint", self.checkpoint)):
+            try:
+                path = write()
+                if not periodic:
+                    log.info("%s %s written", what, path)
+            except OutputError as exc:
+                failed = True
+                log.error("%s%s", exc, " Training goes on." if periodic else "")
+        self._last_checkpoint = time.monotonic()
+        return failed
 
     def _next_batch(self, metrics: MetricsWriter) -> list[Fragment] | None:
         s = self.settings
@@ -354,16 +380,14 @@ class Learner:
                         FINAL_STOP_SECONDS)
         return late
 
-    def _save_model(self) -> None:
-        arrays = policy_arrays(self.policy)
-        tmp = self.out / "model.safetensors.tmp"
-        save_file(arrays, str(tmp), metadata={
+    def _save_model(self) -> Path:
+        data = safetensors_bytes(policy_arrays(self.policy), metadata={
             **model_metadata(self.settings),  # load_policy(run) needs nothing else
             "env": self.settings.env,
             "policy_version": str(self.version),
             "global_step": str(self.global_step),
         })
-        tmp.replace(self.out / "model.safetensors")
+        return write_atomic(self.out / "model.safetensors", data)
 
     def _write_summary(self, outcome: str, metrics: MetricsWriter,
                        not_stopped: list[str]) -> None:
@@ -394,7 +418,7 @@ class Learner:
                         self.worker_wait_seconds, len(self.streams), len(hosts))
         summary["verdict"] = verdict.kind
         summary["verdict_text"] = verdict.text
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_atomic(self.out / "summary.json", json.dumps(summary, indent=2).encode())
         log.info("%s: %s steps in %.1f s, mean return(100) %s", outcome,
                  f"{self.global_step:,}", metrics.wall_seconds, summary["mean_return_100"])
         log.info("bottleneck: %s", verdict.text)

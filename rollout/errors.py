@@ -34,6 +34,11 @@ class NonFiniteError(HetrlError, ValueError):
     """NaN or Inf in observations, rewards or weights under --nonfinite fail."""
 
 
+class OutputError(HetrlError):
+    """An output (model, checkpoint, summary) could not be written: the message names
+    the file, its directory, the bytes it needed and the bytes free there."""
+
+
 class WireFormatError(HetrlError, ValueError):
     """A message on the wire is malformed (bad dtype, shape or size)."""
 
