@@ -15,6 +15,7 @@ each worker ("hetrl.worker.<i>") NOT_SERVING from its exit until its restart lis
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import socket
 import threading
@@ -184,9 +185,19 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
     return EXIT_OK
 
 
+def _host_order(host: str) -> tuple:
+    """Natural order of host names: algo-2 before algo-10."""
+    return tuple(int(part) if part.isdigit() else part
+                 for part in re.split(r"(\d+)", host))
+
+
 def _worker_id(cluster: ClusterView, index: int) -> int:
-    """A job-wide unique worker id: host position in the job times 1000 plus the index."""
-    hosts = [h for group in cluster.groups.values() for h in group]
+    """A job-wide unique worker id (and so its seeds): this host's position among all the
+    job's hosts in natural name order, times 1000, plus the worker's index. Every host
+    agrees on it whatever order its resourceconfig.json lists groups and hosts in (the
+    order is not the same on every host: position in the list gave two hosts the same
+    ids, seeds and experience)."""
+    hosts = sorted({h for group in cluster.groups.values() for h in group}, key=_host_order)
     position = hosts.index(cluster.current_host) if cluster.current_host in hosts else 0
     return position * 1000 + index
 
