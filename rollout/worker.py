@@ -17,6 +17,7 @@ counted; the worker stays up. A gRPC health service reports SERVING until it sto
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import faulthandler
 import json
@@ -49,7 +50,7 @@ from hetrl.rollout.errors import (
     WireFormatError,
 )
 from hetrl.rollout.lifetime import die_with_parent
-from hetrl.rollout.policy import Policy, load_policy_arrays
+from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.settings import WorkerSettings
 from hetrl.rollout.transport import (
     MAX_MESSAGE_BYTES,
@@ -307,6 +308,15 @@ def _read_requests(requests, inbox: _Inbox) -> None:
             inbox.cond.notify_all()
 
 
+def receive_limit(policy: Policy) -> int:
+    """The largest LearnerMessage this worker accepts: one set of its policy's weights
+    (their bytes plus per-array names, dtypes and shapes), with room to spare. Anything
+    bigger is refused by gRPC (RESOURCE_EXHAUSTED) before it is buffered whole."""
+    arrays = policy_arrays(policy)
+    payload = sum(a.nbytes for a in arrays.values())
+    return int(payload * 1.25) + 1024 * len(arrays) + (64 << 10)
+
+
 def _check_fragment_size(settings: WorkerSettings, obs_space, act_space) -> None:
     """Refuse a configuration whose fragment cannot fit in one message."""
     t_len, n = settings.fragment_length, settings.envs_per_worker
@@ -362,8 +372,9 @@ def run_worker(settings: WorkerSettings) -> int:
     """Serve until stopped; return the process exit code."""
     token = token_from_env()
     worker = RolloutWorker(settings)
-    server, port = create_server(f"{settings.host}:{settings.port}", token,
-                                 options=transport_options(settings))
+    options = dataclasses.replace(transport_options(settings),
+                                  max_receive_bytes=receive_limit(worker.policy))
+    server, port = create_server(f"{settings.host}:{settings.port}", token, options=options)
     add_to_server(worker, server)
     health_pb2_grpc.add_HealthServicer_to_server(worker.health, server)
     server.start()
