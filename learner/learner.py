@@ -90,6 +90,7 @@ class Learner:
         self.out = Path(settings.out or default_run_dir(settings.env, settings.seed))
         self.checkpoint_dir = Path(settings.checkpoint_dir or self.out / "checkpoints")
         self.resumed_from: str | None = None
+        self._resumed_totals: dict = {}
         if settings.resume:
             self._resume()
         self.spec = StreamSpec(
@@ -127,6 +128,14 @@ class Learner:
         self._stop_reason: str | None = None
         self.updates_nonfinite = 0
         self.evals = PeriodicEval(self.out, settings.eval_every, settings)
+        # What the runs this one resumes counted, so that the summary, metrics and
+        # report are cumulative and true across resumes.
+        self.start_step = self.global_step
+        self.wall_before = 0.0
+        self.runs = 1
+        self.counters_before: dict[str, int] = {}
+        self._session_start: float | None = None
+        self._restore_totals(self._resumed_totals)
 
     def _resume(self) -> None:
         found = load_latest(self.checkpoint_dir)
@@ -139,6 +148,7 @@ class Learner:
         self.global_step = int(state["global_step"])
         self.version = int(state["policy_version"])
         self.resumed_from = str(path)
+        self._resumed_totals = dict(state.get("totals") or {})
         log.info("resumed from %s at step %d (policy version %d)",
                  path, self.global_step, self.version)
 
@@ -150,11 +160,53 @@ class Learner:
             "global_step": self.global_step,
             "policy_version": self.version,
             "env": self.settings.env,
+            "totals": self._totals(),
         }
         path = save_checkpoint(self.checkpoint_dir, self.global_step, state,
                                self.settings.keep_checkpoints)
         self._last_checkpoint = time.monotonic()
         return path
+
+    def _counters(self) -> dict[str, int]:
+        """Stream counters of the whole run: this process's plus the resumed runs'."""
+        now = stream_counters(self.streams)
+        return {k: v + int(self.counters_before.get(k, 0)) for k, v in now.items()}
+
+    def _totals(self) -> dict:
+        """Run totals a checkpoint carries, for a resumed run to continue from."""
+        session = (time.monotonic() - self._session_start
+                   if self._session_start is not None else 0.0)
+        return {
+            "runs": self.runs,
+            "wall_seconds": self.wall_before + session,
+            "episodes": self.episodes,
+            "recent_returns": [float(r) for r in self.recent_returns],
+            "dropped_lag": self.dropped_lag,
+            "updates_nonfinite": self.updates_nonfinite,
+            "lag_histogram": {int(k): int(v) for k, v in self.lag_histogram.items()},
+            "learner_wait_seconds": self.wait_seconds,
+            "learner_train_seconds": self.train_seconds,
+            "worker_collect_seconds": self.worker_collect_seconds,
+            "worker_wait_seconds": self.worker_wait_seconds,
+            "counters": self._counters(),
+        }
+
+    def _restore_totals(self, totals: dict) -> None:
+        if not totals:
+            return
+        self.runs = int(totals.get("runs", 1)) + 1
+        self.wall_before = float(totals.get("wall_seconds", 0.0))
+        self.episodes = int(totals.get("episodes", 0))
+        self.recent_returns.extend(totals.get("recent_returns", []))
+        self.dropped_lag = int(totals.get("dropped_lag", 0))
+        self.updates_nonfinite = int(totals.get("updates_nonfinite", 0))
+        self.lag_histogram.update({int(k): int(v)
+                                   for k, v in totals.get("lag_histogram", {}).items()})
+        self.wait_seconds = float(totals.get("learner_wait_seconds", 0.0))
+        self.train_seconds = float(totals.get("learner_train_seconds", 0.0))
+        self.worker_collect_seconds = float(totals.get("worker_collect_seconds", 0.0))
+        self.worker_wait_seconds = float(totals.get("worker_wait_seconds", 0.0))
+        self.counters_before = dict(totals.get("counters", {}))
 
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
@@ -169,7 +221,8 @@ class Learner:
         s = self.settings
         self.out.mkdir(parents=True, exist_ok=True)
         write_atomic(self.out / "settings.json", to_json(s).encode())
-        metrics = MetricsWriter(self.out, progress=s.progress)
+        metrics = MetricsWriter(self.out, progress=s.progress, wall_offset=self.wall_before)
+        self._session_start = time.monotonic()
         for stream in self.streams:
             stream.start()
         code, outcome = EXIT_OK, "finished"
@@ -306,10 +359,11 @@ class Learner:
         lags = [self.version - 1 - f.policy_version for f in frags]
         episode_returns = np.concatenate([f.arrays.episode_returns for f in frags])
         episode_lengths = np.concatenate([f.arrays.episode_lengths for f in frags])
-        wall = metrics.wall_seconds
         busy = self.wait_seconds + self.train_seconds
         stats.update({
-            "charts/SPS": self.global_step / max(wall, 1e-9),
+            # This process's rate: steps of a resumed run were made by an earlier one.
+            "charts/SPS": (self.global_step - self.start_step)
+            / max(metrics.session_seconds, 1e-9),
             "charts/learning_rate": self.optimizer.param_groups[0]["lr"],
             "charts/policy_version": float(self.version),
             "charts/policy_lag": float(np.mean(lags)),
@@ -397,12 +451,12 @@ class Learner:
             "global_step": self.global_step,
             "policy_version": self.version,
             "wall_seconds": round(metrics.wall_seconds, 2),
+            "wall_seconds_this_run": round(metrics.session_seconds, 2),
+            "runs": self.runs,
             "episodes": self.episodes,
             "mean_return_100": float(np.mean(self.recent_returns)) if self.recent_returns else None,
             "fragments_dropped_lag": self.dropped_lag,
-            "fragments_malformed": sum(s.fragments_malformed for s in self.streams),
-            "sequence_gaps": sum(s.sequence_gaps for s in self.streams),
-            **stream_counters(self.streams),
+            **self._counters(),
             "updates_nonfinite": self.updates_nonfinite,
             "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_histogram.items())},
             "learner_wait_seconds": round(self.wait_seconds, 3),

@@ -23,7 +23,8 @@ log = logging.getLogger("hetrl.metrics")
 class MetricsWriter:
     """Append-only metrics sink for one run directory."""
 
-    def __init__(self, out_dir: Path, progress: bool = True, progress_every: float = 2.0) -> None:
+    def __init__(self, out_dir: Path, progress: bool = True, progress_every: float = 2.0,
+                 wall_offset: float = 0.0) -> None:
         from torch.utils.tensorboard import SummaryWriter  # heavy import, learner only
 
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -40,6 +41,7 @@ class MetricsWriter:
         except Exception as exc:
             self._give_up("_tb", self._tb_path, exc)
         self._start = time.monotonic()
+        self._wall_offset = wall_offset  # wall seconds of the runs this one resumes
         self._progress = progress and sys.stderr is not None
         self._progress_every = progress_every
         self._last_progress = 0.0
@@ -58,6 +60,12 @@ class MetricsWriter:
 
     @property
     def wall_seconds(self) -> float:
+        """Wall seconds of the whole run, across resumes (as metrics.jsonl records it)."""
+        return self._wall_offset + self.session_seconds
+
+    @property
+    def session_seconds(self) -> float:
+        """Wall seconds since this process started writing."""
         return time.monotonic() - self._start
 
     def log(self, step: int, values: dict[str, float]) -> None:
