@@ -163,6 +163,10 @@ class WorkerStream:
             setattr(self, name, 0)
         self.incarnations: list[str] = []
         self.generation = 0
+        # Credits this stream's worker holds: fragments it may be sampling or sending
+        # that have not arrived. A worker lost for good takes these with it.
+        self.in_flight = 0
+        self._in_flight_lock = threading.Lock()
         self._last_sequence: dict[str, int] = {}
         self._channel: grpc.Channel | None = None
         self._thread = threading.Thread(target=self._run, name=f"stream-{address}", daemon=True)
@@ -178,6 +182,8 @@ class WorkerStream:
         """Give the worker a credit back for a fragment of stream `generation`; credits
         of a stream that has since been replaced are void (the new one starts full)."""
         if generation == self.generation:
+            with self._in_flight_lock:
+                self.in_flight += 1
             self._outbox.put(credits=1)
 
     def stop(self, reason: str, timeout: float = 10.0) -> bool:
@@ -265,6 +271,8 @@ class WorkerStream:
         self.generation += 1
         generation = self.generation
         self._outbox = _Outbox()
+        with self._in_flight_lock:
+            self.in_flight = self._credits
         self._outbox.put(weights=self._weights, credits=self._credits)
         responses = stub.Stream(self._outbox.messages(), metadata=self._metadata)
         first = next(responses)
@@ -279,6 +287,8 @@ class WorkerStream:
         for message in responses:
             if message.WhichOneof("kind") != "fragment":
                 raise ProtocolError(f"worker {self.address} sent {message.WhichOneof('kind')}")
+            with self._in_flight_lock:
+                self.in_flight -= 1
             try:
                 fragment = fragments.from_message(
                     message.fragment,

@@ -128,6 +128,7 @@ class Learner:
         self._stop_reason: str | None = None
         self.updates_nonfinite = 0
         self.evals = PeriodicEval(self.out, settings.eval_every, settings)
+        self.workers_lost: list[dict] = []
         # What the runs this one resumes counted, so that the summary, metrics and
         # report are cumulative and true across resumes.
         self.start_step = self.global_step
@@ -311,8 +312,23 @@ class Learner:
         if isinstance(failure.error, ProtocolError):
             raise failure.error
         log.error("lost worker %s: %s", failure.address, failure.error)
+        self._note_lost(failure)
         if not any(stream.alive for stream in self.streams):
             raise WorkerLostError(f"every worker is gone; the last: {failure.error}")
+
+    def _note_lost(self, failure: StreamFailure) -> None:
+        """Record a worker lost for good (its stream gave up), with the fragments it held
+        credits for: sampled or being sampled, never received."""
+        stream = next((st for st in self.streams if st.address == failure.address), None)
+        in_flight = max(0, stream.in_flight) if stream is not None else 0
+        hello = stream.hello if stream is not None else None
+        self.workers_lost.append({
+            "address": failure.address,
+            "worker_id": hello.worker_id if hello is not None else None,
+            "fragments_in_flight": in_flight,
+            "global_step": self.global_step,
+            "reason": str(failure.error)[:500],
+        })
 
     def _count_episodes(self, fragment: Fragment) -> None:
         returns = fragment.arrays.episode_returns
@@ -466,6 +482,9 @@ class Learner:
             "worker_collect_seconds": round(self.worker_collect_seconds, 3),
             "worker_wait_seconds": round(self.worker_wait_seconds, 3),
             "workers_not_stopped": not_stopped,
+            "workers_lost": self.workers_lost,
+            "fragments_lost_in_flight": sum(w["fragments_in_flight"]
+                                            for w in self.workers_lost),
         }
         hosts = {address.rsplit(":", 1)[0] for address in summary["workers"]}
         verdict = judge(self.wait_seconds, self.train_seconds, self.worker_collect_seconds,
