@@ -34,7 +34,7 @@ from hetrl.learner.connections import (
     stream_counters,
 )
 from hetrl.learner.evaluation import PeriodicEval
-from hetrl.learner.metrics import MetricsWriter
+from hetrl.learner.metrics import MetricsWriter, StallWatch
 from hetrl.learner.ppo import Batch, ppo_update
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.learner.utilisation import UtilisationSampler
@@ -63,6 +63,9 @@ EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 0
 # Seconds the final Stop waits for the workers' streams to end, after the model and the
 # checkpoint are written; a worker that is hung in its env never answers it.
 FINAL_STOP_SECONDS = 5.0
+# Seconds without a fragment from any worker, while the learner waits, that count as a
+# stall (warned as it happens, and told apart from a shortage in the verdict).
+STALL_SECONDS = 10.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -129,12 +132,14 @@ class Learner:
         self.updates_nonfinite = 0
         self.evals = PeriodicEval(self.out, settings.eval_every, settings)
         self.workers_lost: list[dict] = []
+        self.stall = StallWatch(STALL_SECONDS)
         # What the runs this one resumes counted, so that the summary, metrics and
         # report are cumulative and true across resumes.
         self.start_step = self.global_step
         self.wall_before = 0.0
         self.runs = 1
         self.counters_before: dict[str, int] = {}
+        self.stall_before = 0.0
         self._session_start: float | None = None
         self._restore_totals(self._resumed_totals)
 
@@ -190,6 +195,7 @@ class Learner:
             "worker_collect_seconds": self.worker_collect_seconds,
             "worker_wait_seconds": self.worker_wait_seconds,
             "counters": self._counters(),
+            "stalled_seconds": self.stall_before + self.stall.stalled_seconds,
         }
 
     def _restore_totals(self, totals: dict) -> None:
@@ -208,6 +214,7 @@ class Learner:
         self.worker_collect_seconds = float(totals.get("worker_collect_seconds", 0.0))
         self.worker_wait_seconds = float(totals.get("worker_wait_seconds", 0.0))
         self.counters_before = dict(totals.get("counters", {}))
+        self.stall_before = float(totals.get("stalled_seconds", 0.0))
 
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
@@ -288,11 +295,13 @@ class Learner:
                     raise WorkerLostError(
                         "every worker stream has ended; nothing to train on"
                     ) from None
+                self.stall.waiting(len(self.streams))
                 continue
             if isinstance(item, StreamFailure):
                 self._on_stream_failure(item)
                 continue
             stream, generation, fragment = item
+            self.stall.fragment()
             stream.return_credit(generation)  # the worker may start its next fragment now
             self.global_step += fragment.steps
             self._count_episodes(fragment)
@@ -483,12 +492,14 @@ class Learner:
             "worker_wait_seconds": round(self.worker_wait_seconds, 3),
             "workers_not_stopped": not_stopped,
             "workers_lost": self.workers_lost,
+            "stalled_seconds": round(self.stall_before + self.stall.stalled_seconds, 2),
             "fragments_lost_in_flight": sum(w["fragments_in_flight"]
                                             for w in self.workers_lost),
         }
         hosts = {address.rsplit(":", 1)[0] for address in summary["workers"]}
         verdict = judge(self.wait_seconds, self.train_seconds, self.worker_collect_seconds,
-                        self.worker_wait_seconds, len(self.streams), len(hosts))
+                        self.worker_wait_seconds, len(self.streams), len(hosts),
+                        stalled_seconds=self.stall_before + self.stall.stalled_seconds)
         summary["verdict"] = verdict.kind
         summary["verdict_text"] = verdict.text
         write_atomic(self.out / "summary.json", json.dumps(summary, indent=2).encode())

@@ -20,6 +20,51 @@ from pathlib import Path
 log = logging.getLogger("hetrl.metrics")
 
 
+class StallWatch:
+    """Notices when no fragment arrives from any worker for `threshold` seconds while the
+    learner waits: every worker stalled (a hung env everywhere, frozen hosts, a cut
+    network). Warns once per stall as it happens, and when it ends, and adds up the
+    stalled seconds so the verdict can tell a stall from a shortage of workers. It
+    watches from the first fragment on: before it, connect timeouts apply."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self._last: float | None = None
+        self._warned = False
+        self._stalled = 0.0  # seconds of stalls that have ended
+        self.stalls = 0
+
+    def fragment(self) -> None:
+        """A fragment arrived."""
+        now = time.monotonic()
+        if self._warned and self._last is not None:
+            gap = now - self._last
+            self._stalled += gap
+            log.warning("fragments arrive again after a %.0f s stall", gap)
+            self._warned = False
+        self._last = now
+
+    def waiting(self, workers: int) -> None:
+        """The learner is waiting for fragments (called every fraction of a second)."""
+        if self._last is None:
+            return
+        gap = time.monotonic() - self._last
+        if gap > self.threshold and not self._warned:
+            self._warned = True
+            self.stalls += 1
+            log.warning("no fragment from any of the %d workers for %.0f s: every worker is "
+                        "stalled (an env hung everywhere, frozen env hosts, or the network), "
+                        "which more workers would not fix; training resumes when they do",
+                        workers, gap)
+
+    @property
+    def stalled_seconds(self) -> float:
+        """Seconds spent in stalls, the one going on included."""
+        ongoing = (time.monotonic() - self._last
+                   if self._warned and self._last is not None else 0.0)
+        return self._stalled + ongoing
+
+
 class MetricsWriter:
     """Append-only metrics sink for one run directory."""
 

@@ -149,3 +149,23 @@ class HangsFor(Counting):
         os.write(fd, str(time.time()).encode())
         os.close(fd)
         time.sleep(float(os.environ.get("HETRL_TEST_HANG_SECONDS", "60")))
+
+
+class EveryWorkerHangsFor(Counting):
+    """In every worker process, instance 0 sleeps HETRL_TEST_HANG_SECONDS (default 15)
+    once, at its 50th step; the first to hang writes the time to HETRL_TEST_HANG_FLAG."""
+
+    made = itertools.count()
+    hung = False
+
+    def fault(self) -> None:
+        if self.instance != 0 or self.total_steps != 50 or EveryWorkerHangsFor.hung:
+            return
+        EveryWorkerHangsFor.hung = True
+        try:
+            fd = os.open(os.environ["HETRL_TEST_HANG_FLAG"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, str(time.time()).encode())
+            os.close(fd)
+        except FileExistsError:
+            pass
+        time.sleep(float(os.environ.get("HETRL_TEST_HANG_SECONDS", "15")))

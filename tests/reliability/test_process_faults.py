@@ -145,3 +145,32 @@ def test_worker_hung_at_the_end_never_delays_the_model_and_the_run_exits_0(
     assert len(summary["workers_not_stopped"]) == 1
     assert summary["outcome"] == "finished" and summary["global_step"] >= 3000
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
+
+
+def test_every_worker_stalling_is_warned_while_it_happens_and_judged_a_stall(
+        tmp_path: Path) -> None:
+    """Every worker's env hangs for 20 s (under --step-timeout): the learner warns while
+    it happens (after 10 s without a fragment from anyone) and the verdict calls it a
+    stall, not a shortage of workers ("add about 18 more workers", as it used to)."""
+    out, flag = tmp_path / "stall", tmp_path / "hang.flag"
+    proc, log = start(out, "--env", "tests.reliability.envs:EveryWorkerHangsFor",
+                      "--workers", "2", "--envs-per-worker", "2", "--fragment-length", "16",
+                      "--total-steps", "2000",
+                      env={"HETRL_TEST_HANG_FLAG": str(flag), "HETRL_TEST_HANG_SECONDS": "20"})
+    try:
+        wait_for(flag.exists, 120, "the envs to hang")
+        wait_for(lambda: "every worker is stalled" in log.read_text(), 30,
+                 "the learner to warn about the stall")
+        warned = time.time() - float(flag.read_text())
+        assert proc.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"\nevery worker hung 20 s: warned {warned:.1f} s after the hang began; stalled "
+          f"{summary['stalled_seconds']} s; verdict {summary['verdict']}: "
+          f"{summary['verdict_text']}")
+    assert warned < 20  # while it happened
+    assert summary["stalled_seconds"] >= 10
+    assert summary["verdict"] == "stalled", summary["verdict_text"]
+    assert "arrive again" in log.read_text()
