@@ -58,6 +58,10 @@ class TransportOptions:
              self.max_receive_bytes or self.max_message_bytes),
             ("grpc.keepalive_time_ms", int(self.keepalive_time * 1000)),
             ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout * 1000)),
+            # gRPC >= 1.5x times out a server's keepalive pings with the general ping
+            # timeout (default 60 s), not keepalive_timeout: without this a worker never
+            # noticed a learner frozen for 25 s.
+            ("grpc.http2.ping_timeout_ms", int(self.keepalive_timeout * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
         ]

@@ -165,6 +165,10 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
         try:
             yield from self._serve(request_iterator, context)
         finally:
+            if not self.stopped.is_set():
+                log.warning("the learner's stream ended without a Stop (the learner is gone, "
+                            "restarting or reconnecting); waiting up to %.0f s "
+                            "(--learner-timeout) for a learner", self.settings.learner_timeout)
             self.last_learner_seen = time.monotonic()
             if not self.stopped.is_set():
                 self.state = WorkerState.IDLE

@@ -174,3 +174,56 @@ def test_every_worker_stalling_is_warned_while_it_happens_and_judged_a_stall(
     assert summary["stalled_seconds"] >= 10
     assert summary["verdict"] == "stalled", summary["verdict_text"]
     assert "arrive again" in log.read_text()
+
+
+def _log_times(path: Path, pattern: str) -> list[float]:
+    """Wall times of the log lines matching `pattern` (asctime format)."""
+    import datetime
+
+    times = []
+    for line in path.read_text().splitlines():
+        if re.search(pattern, line):
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            times.append(stamp.timestamp())
+    return times
+
+
+def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(tmp_path: Path) -> None:
+    """SIGSTOP the learner for 8 s with keepalive 1 s + 2 s: each worker's stream ends
+    within that bound (it used to survive a 25 s freeze unnoticed: grpcio timed out the
+    server's keepalive pings after its general 60 s ping timeout), and on SIGCONT the
+    learner, whose own pings timed out meanwhile, reconnects with fresh weights and
+    credits; training goes on and nothing is trained twice."""
+    out = tmp_path / "frozen"
+    proc, log = start(out, "--workers", "2", "--envs-per-worker", "2", "--total-steps",
+                      "100000000", "--keepalive-time", "1", "--keepalive-timeout", "2")
+    worker_logs = [out / "launch" / "logs" / f"worker-{i}.log" for i in range(2)]
+    try:
+        wait_for(lambda: count(log, "streaming from worker") == 2 and step(out) > 0, 120,
+                 "training on both workers")
+        learner = processes_mentioning(str(out / "launch" / "learner.json"))[0]
+        os.kill(learner, signal.SIGSTOP)
+        frozen = time.time()
+        wait_for(lambda: time.time() > frozen + 8, 10, "8 s of freeze")
+        os.kill(learner, signal.SIGCONT)
+        thawed = time.time()
+        wait_for(lambda: count(log, "streaming from worker") >= 4, 60,
+                 "the learner to stream from both workers again")
+        rejoined = time.time() - thawed
+        at = step(out)
+        wait_for(lambda: step(out) > at + 2000, 60, "training to go on")
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    ended = [[round(t - frozen, 1) for t in _log_times(w, "stream ended without a Stop")]
+             for w in worker_logs]
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"\nlearner frozen 8 s: workers' streams ended {ended} s after SIGSTOP (keepalive "
+          f"1 s + 2 s); both streaming again {rejoined:.1f} s after SIGCONT; duplicates "
+          f"{summary['fragments_duplicate']}")
+    assert all(e and e[0] < 1 + 2 + 2 for e in ended), ended  # bound + log-time slack
+    assert rejoined < 10
+    assert summary["fragments_duplicate"] == 0
+    wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
