@@ -14,7 +14,9 @@ each worker ("hetrl.worker.<i>") NOT_SERVING from its exit until its restart lis
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import signal
 import socket
 import sys
@@ -23,7 +25,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import psutil
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hetrl.launch.cluster import ClusterView, resolve, usable_cores
@@ -58,11 +62,16 @@ def _listening(address: str, port: int) -> bool:
         return False
 
 
+# Control requests are a few bytes; anything near this is not one.
+CONTROL_RECEIVE_BYTES = 64 << 10
+
+
 class HostControl(hetrl_pb2_grpc.HostControlServicer):
     """The learner host's handle on this host."""
 
     def __init__(self, host: str, addresses: list[str], cores: int) -> None:
         self.info = hetrl_pb2.HostInfo(host=host, worker_addresses=addresses, cores=cores)
+        self.messages_malformed = 0
         self.first_heartbeat: float | None = None
         self.last_heartbeat: float | None = None
         self.stop_reason: str | None = None
@@ -91,6 +100,40 @@ class HostControl(hetrl_pb2_grpc.HostControlServicer):
         self.stop_reason = self.stop_reason or request.reason or "stop"  # the first one counts
         self.changed.set()
         return hetrl_pb2.StopReply(accepted=True)
+
+
+def add_control_to_server(control: HostControl, server: grpc.Server) -> None:
+    """Serve `control` as hetrl.HostControl. Requests arrive as bytes and are parsed here,
+    so bytes that are not the request are answered INVALID_ARGUMENT and counted
+    (grpcio's own deserializer would answer INTERNAL and log a traceback)."""
+    methods = {"Describe": (hetrl_pb2.DescribeRequest, hetrl_pb2.HostInfo),
+               "Heartbeat": (hetrl_pb2.HeartbeatRequest, hetrl_pb2.HeartbeatReply),
+               "Stop": (hetrl_pb2.StopRequest, hetrl_pb2.StopReply)}
+
+    def parsing(name: str, request_type):
+        method = getattr(control, name)
+
+        def handle(raw: bytes, context):
+            try:
+                request = request_type.FromString(raw)
+            except DecodeError as exc:
+                control.messages_malformed += 1
+                log.error("malformed %s request from %s refused (%d so far): %s", name,
+                          context.peer(), control.messages_malformed, exc)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"malformed {request_type.__name__}")
+            return method(request, context)
+
+        return handle
+
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            parsing(name, request_type), request_deserializer=None,
+            response_serializer=reply_type.SerializeToString)
+        for name, (request_type, reply_type) in methods.items()
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("hetrl.HostControl", handlers),))
 
 
 def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) -> int:
@@ -132,9 +175,10 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
         health_status.set(f"hetrl.worker.{i}", SERVING)
     control.workers_running = lambda: sum(w.exit_code() is None for w in workers)
     try:
-        server, _ = create_server(f"{address}:{settings.control_port}", token,
-                                  options=transport_options(settings))
-        hetrl_pb2_grpc.add_HostControlServicer_to_server(control, server)
+        options = dataclasses.replace(transport_options(settings),
+                                      max_receive_bytes=CONTROL_RECEIVE_BYTES)
+        server, _ = create_server(f"{address}:{settings.control_port}", token, options=options)
+        add_control_to_server(control, server)
         health_pb2_grpc.add_HealthServicer_to_server(health_status, server)
         server.start()
         log.info("env host %s: %d workers on %s, control on %s:%d", cluster.current_host, count,
@@ -165,7 +209,7 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
                 restarts += 1
                 if code == WORKER_EXIT_UNHEALTHY:
                     failure = (f"env host {cluster.current_host}: {worker.name} is unhealthy: "
-                               f"its env kept failing (env_failure_limit):\n{worker.log_tail()}")
+                               f"its env kept failing (env_failure_rate):\n{worker.log_tail()}")
                     break
                 if restarts > MAX_WORKER_RESTARTS:
                     failure = (f"env host {cluster.current_host}: {worker.name} crashed "
@@ -188,9 +232,19 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
     return EXIT_OK
 
 
+def _host_order(host: str) -> tuple:
+    """Natural order of host names: algo-2 before algo-10."""
+    return tuple(int(part) if part.isdigit() else part
+                 for part in re.split(r"(\d+)", host))
+
+
 def _worker_id(cluster: ClusterView, index: int) -> int:
-    """A job-wide unique worker id: host position in the job times 1000 plus the index."""
-    hosts = [h for group in cluster.groups.values() for h in group]
+    """A job-wide unique worker id (and so its seeds): this host's position among all the
+    job's hosts in natural name order, times 1000, plus the worker's index. Every host
+    agrees on it whatever order its resourceconfig.json lists groups and hosts in (the
+    order is not the same on every host: position in the list gave two hosts the same
+    ids, seeds and experience)."""
+    hosts = sorted({h for group in cluster.groups.values() for h in group}, key=_host_order)
     position = hosts.index(cluster.current_host) if cluster.current_host in hosts else 0
     return position * 1000 + index
 

@@ -291,7 +291,8 @@ def _watch(children: list[Child], learner: Child, settings: LocalSettings, resta
             if code == WORKER_EXIT_UNHEALTHY:
                 raise ChildFailedError(
                     f"{worker.name} is unhealthy: its env kept failing after being recreated "
-                    f"(--env-failure-limit {settings.env_failure_limit}). Fix the env; its "
+                    f"(--env-failure-rate {settings.env_failure_rate} over "
+                    f"--env-failure-window {settings.env_failure_window}). Fix the env; its "
                     f"last error:\n{worker.log_tail()}"
                 )
             if not restartable(code):

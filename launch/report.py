@@ -194,6 +194,14 @@ def write_report(path: Path, instance_type: str = "", prices_file: str | None = 
         ("fragments dropped for lag / malformed / lost", f"{s.get('fragments_dropped_lag', 0)}"
          f" / {s.get('fragments_malformed', 0)} / {s.get('sequence_gaps', 0)}"),
     ]
+    lost = s.get("workers_lost") or []
+    if lost:
+        rows.append(("workers lost for good (fragments in flight)", ", ".join(
+            f"{w['address']} at step {w['global_step']:,} ({w['fragments_in_flight']})"
+            for w in lost)))
+    if s.get("workers_not_stopped"):
+        rows.append(("workers that ignored the final stop",
+                     ", ".join(s["workers_not_stopped"])))
     lines = [f"# hetrl run report: `{run.path}`", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     lines += ["", "## Cost", ""]

@@ -33,6 +33,9 @@ class LocalRunSettings:
     """Seconds a worker may take to start listening before the run is abandoned."""
     shutdown_grace: float = 20.0
     """Seconds children get to exit after training ends or a stop, before SIGKILL."""
+    connect_timeout: float = 120.0
+    """Seconds the learner keeps retrying a worker whose stream broke before it counts
+    the worker lost for good (the summary lists it with its fragments in flight)."""
     instance_type: str = ""
     """Instance type this machine stands for in the run report's cost figures
     (e.g. ml.g5.2xlarge); empty: no cost figures."""
@@ -42,6 +45,7 @@ class LocalRunSettings:
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
+        require(self.connect_timeout > 0, "--connect-timeout must be > 0")
         require(self.startup_timeout > 0, "--startup-timeout must be > 0")
         require(self.shutdown_grace > 0, "--shutdown-grace must be > 0")
         _chain_post_init(self, LocalRunSettings)

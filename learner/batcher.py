@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from hetrl.learner.connections import StreamFailure
+from hetrl.learner.metrics import StallWatch
 from hetrl.learner.ppo import Batch
 from hetrl.rollout.errors import HetrlError, ProtocolError, WorkerLostError
 from hetrl.rollout.fragments import Fragment
@@ -109,8 +110,11 @@ class Batcher:
         max_policy_lag: int,
         budget_spent: Callable[[], bool],
         return_credit: Callable[[object, int], None] | None = None,
+        stall: StallWatch | None = None,
+        on_lost: Callable[[StreamFailure], None] | None = None,
     ) -> None:
         self.fan_in, self.streams, self.device = fan_in, streams, device
+        self._stall, self._on_lost = stall, on_lost
         self._return_credit = return_credit or (lambda stream, gen: stream.return_credit(gen))
         # Credits of fragments taken while an update runs are held back until it ends,
         # so that the worker samples its next fragment with the weights that update makes
@@ -315,11 +319,15 @@ class Batcher:
                 if not any(stream.alive for stream in self.streams):
                     raise WorkerLostError(
                         "every worker stream has ended; nothing to train on") from None
+                if self._stall is not None:
+                    self._stall.waiting(len(self.streams))
                 continue
             if isinstance(item, StreamFailure):
                 self._on_stream_failure(item)
                 return False
             stream, generation, fragment = item
+            if self._stall is not None:
+                self._stall.fragment()
             self._credit(stream, generation)  # the worker may start its next fragment
             self.global_step += fragment.steps
             returns = fragment.arrays.episode_returns
@@ -339,5 +347,7 @@ class Batcher:
         if isinstance(failure.error, ProtocolError):
             raise failure.error
         log.error("lost worker %s: %s", failure.address, failure.error)
+        if self._on_lost is not None:
+            self._on_lost(failure)
         if not any(stream.alive for stream in self.streams):
             raise WorkerLostError(f"every worker is gone; the last: {failure.error}")

@@ -5,18 +5,24 @@ optimizer state dict, step counters), loaded only with `weights_only=True`, so l
 one can never run code. Writing goes to a temporary file that is fsynced and renamed,
 then the directory is fsynced, so a crash leaves either the old or the new checkpoint,
 never half of one. A corrupt newest checkpoint makes `load_latest` fall back to the
-previous one with a warning. No training logic here.
+previous one with a warning. `write_atomic` is the same discipline for any output
+file: on a failure (a full disk) it removes its temporary file and raises OutputError
+naming the directory, the bytes needed and the bytes free. No training logic here.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from hetrl.rollout.errors import OutputError
 
 log = logging.getLogger("hetrl.checkpoint")
 
@@ -39,17 +45,50 @@ def checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.fullmatch(p.name).group(1)), reverse=True)
 
 
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
+def write_atomic(target: Path, data: bytes) -> Path:
+    """Write `data` to `target` through a fsynced temporary file and a rename.
+
+    Raises:
+        OutputError: the write failed (ENOSPC, EDQUOT, EROFS, ...); no temporary file
+            is left and `target`, if it existed, is untouched.
+    """
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(target)
+        _fsync_dir(target.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        free = _free_bytes(target.parent)
+        space = f"{free:,} bytes free there" if free is not None else "free space unknown"
+        raise OutputError(
+            f"cannot write {target.name} in {target.parent}: {exc.strerror or exc}; it needs "
+            f"{len(data):,} bytes, {space}. Free space there or point --out / "
+            "--checkpoint-dir at a bigger disk."
+        ) from exc
+    return target
+
+
 def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Write `state` as the checkpoint of `step`; delete all but the newest `keep`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"ckpt-{step:012d}.pt"
-    tmp = directory / f".{target.name}.tmp"
-    with tmp.open("wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(target)
-    _fsync_dir(directory)
+    """Write `state` as the checkpoint of `step`; delete all but the newest `keep`.
+
+    Raises:
+        OutputError: it could not be written; older checkpoints are untouched.
+    """
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    target = write_atomic(directory / f"ckpt-{step:012d}.pt", buffer.getvalue())
     for old in checkpoints(directory)[keep:]:
         old.unlink(missing_ok=True)
     return target

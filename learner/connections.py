@@ -163,6 +163,10 @@ class WorkerStream:
             setattr(self, name, 0)
         self.incarnations: list[str] = []
         self.generation = 0
+        # Credits this stream's worker holds: fragments it may be sampling or sending
+        # that have not arrived. A worker lost for good takes these with it.
+        self.in_flight = 0
+        self._in_flight_lock = threading.Lock()
         self._last_sequence: dict[str, int] = {}
         self._channel: grpc.Channel | None = None
         self._thread = threading.Thread(target=self._run, name=f"stream-{address}", daemon=True)
@@ -178,18 +182,22 @@ class WorkerStream:
         """Give the worker a credit back for a fragment of stream `generation`; credits
         of a stream that has since been replaced are void (the new one starts full)."""
         if generation == self.generation:
+            with self._in_flight_lock:
+                self.in_flight += 1
             self._outbox.put(credits=1)
 
     def stop(self, reason: str, timeout: float = 10.0) -> bool:
-        """Tell the worker to stop and wait (bounded) for its stream to end."""
+        """Tell the worker to stop and wait (bounded) for its stream to end; a stream
+        still open after `timeout` is closed. True if the stream ended by itself."""
         self._stopping.set()
         self._outbox.put(stop=reason)
         self._thread.join(timeout)
-        if self._thread.is_alive() and self._channel is not None:
+        ended = not self._thread.is_alive()
+        if not ended and self._channel is not None:
             self._channel.close()
             self._thread.join(2.0)
         self._outbox.close()
-        return not self._thread.is_alive()
+        return ended
 
     @property
     def alive(self) -> bool:
@@ -263,6 +271,8 @@ class WorkerStream:
         self.generation += 1
         generation = self.generation
         self._outbox = _Outbox()
+        with self._in_flight_lock:
+            self.in_flight = self._credits
         self._outbox.put(weights=self._weights, credits=self._credits)
         responses = stub.Stream(self._outbox.messages(), metadata=self._metadata)
         first = next(responses)
@@ -277,6 +287,8 @@ class WorkerStream:
         for message in responses:
             if message.WhichOneof("kind") != "fragment":
                 raise ProtocolError(f"worker {self.address} sent {message.WhichOneof('kind')}")
+            with self._in_flight_lock:
+                self.in_flight -= 1
             try:
                 fragment = fragments.from_message(
                     message.fragment,

@@ -8,9 +8,10 @@ drops fragments older than `max_policy_lag` and assembles the next batch into
 preallocated host buffers and onto the device while the current one trains (batcher),
 and the "weights-publisher" serializes each new version once and pushes it to every
 worker (publisher). The update reads the device once (its statistics and the finite
-check together). At the end, on a signal, or on an error, it sends Stop to every worker,
-saves the model as safetensors and a summary, and returns an exit code. It never spawns
-processes.
+check together). At the end, on a signal, or on an error, it saves the model
+(safetensors) and a checkpoint first, then sends Stop to every worker and waits a
+bounded time for their streams to end (a hung worker never delays the outputs), writes
+the summary, and returns an exit code. It never spawns processes.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.numpy import save_file
+from safetensors.numpy import save as safetensors_bytes
 
 from hetrl.learner.batcher import Batcher, ReadyBatch
-from hetrl.learner.checkpoint import load_latest, save_checkpoint
+from hetrl.learner.checkpoint import load_latest, save_checkpoint, write_atomic
 from hetrl.learner.connections import (
     StreamSpec,
     StreamState,
@@ -38,14 +39,14 @@ from hetrl.learner.connections import (
     stream_counters,
 )
 from hetrl.learner.evaluation import PeriodicEval
-from hetrl.learner.metrics import MetricsWriter
+from hetrl.learner.metrics import MetricsWriter, StallWatch
 from hetrl.learner.ppo import ppo_update_async, read_stats
 from hetrl.learner.publisher import Publisher, weights_message
 from hetrl.learner.settings import LearnerSettings, auto_fragments_per_batch, default_run_dir
 from hetrl.learner.utilisation import UtilisationSampler
 from hetrl.learner.verdict import judge
 from hetrl.rollout.envs import describe_env
-from hetrl.rollout.errors import HetrlError, NonFiniteError
+from hetrl.rollout.errors import HetrlError, NonFiniteError, OutputError
 from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.lifetime import die_with_parent
 from hetrl.rollout.policy import Policy, action_dtype, policy_arrays
@@ -56,6 +57,12 @@ from hetrl.rollout.userpath import user_modules_importable
 log = logging.getLogger("hetrl.learner")
 
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 0
+# Seconds the final Stop waits for the workers' streams to end, after the model and the
+# checkpoint are written; a worker that is hung in its env never answers it.
+FINAL_STOP_SECONDS = 5.0
+# Seconds without a fragment from any worker, while the learner waits, that count as a
+# stall (warned as it happens, and told apart from a shortage in the verdict).
+STALL_SECONDS = 10.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,6 +92,7 @@ class Learner:
         self.out = Path(settings.out or default_run_dir(settings.env, settings.seed))
         self.checkpoint_dir = Path(settings.checkpoint_dir or self.out / "checkpoints")
         self.resumed_from: str | None = None
+        self._resumed_totals: dict = {}
         resumed_step = self._resume() if settings.resume else 0
         self.spec = StreamSpec(
             env=settings.env,
@@ -109,12 +117,15 @@ class Learner:
             for address in settings.worker_addresses
         ]
         self.publisher = Publisher(self.streams, self.device)
+        self.workers_lost: list[dict] = []
+        self.stall = StallWatch(STALL_SECONDS)
         self.batcher = Batcher(
             self.fan_in, self.streams, self.device, target=self.fragments_per_batch,
             train_version=lambda: self.version + self._updating,
             max_policy_lag=settings.max_policy_lag,
             budget_spent=lambda: self.global_step >= settings.total_steps,
             return_credit=self.publisher.return_credit,
+            stall=self.stall, on_lost=self._note_lost,
         )
         self.batcher.global_step = resumed_step
         self.wait_seconds = 0.0
@@ -128,6 +139,15 @@ class Learner:
         self._stop_reason: str | None = None
         self.updates_nonfinite = 0
         self.evals = PeriodicEval(self.out, settings.eval_every, settings)
+        # What the runs this one resumes counted, so that the summary, metrics and
+        # report are cumulative and true across resumes.
+        self.start_step = self.global_step
+        self.wall_before = 0.0
+        self.runs = 1
+        self.counters_before: dict[str, int] = {}
+        self.stall_before = 0.0
+        self._session_start: float | None = None
+        self._restore_totals(self._resumed_totals)
 
     # The run's counters live with the batcher, which keeps them as fragments arrive.
     @property
@@ -170,6 +190,7 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["policy_version"])
         self.resumed_from = str(path)
+        self._resumed_totals = dict(state.get("totals") or {})
         log.info("resumed from %s at step %d (policy version %d)",
                  path, int(state["global_step"]), self.version)
         return int(state["global_step"])
@@ -182,11 +203,72 @@ class Learner:
             "global_step": self.global_step,
             "policy_version": self.version,
             "env": self.settings.env,
+            "totals": self._totals(),
         }
         path = save_checkpoint(self.checkpoint_dir, self.global_step, state,
                                self.settings.keep_checkpoints)
         self._last_checkpoint = time.monotonic()
         return path
+
+    def _counters(self) -> dict[str, int]:
+        """Stream counters of the whole run: this process's plus the resumed runs'."""
+        now = stream_counters(self.streams)
+        return {k: v + int(self.counters_before.get(k, 0)) for k, v in now.items()}
+
+    def _totals(self) -> dict:
+        """Run totals a checkpoint carries, for a resumed run to continue from."""
+        session = (time.monotonic() - self._session_start
+                   if self._session_start is not None else 0.0)
+        return {
+            "runs": self.runs,
+            "wall_seconds": self.wall_before + session,
+            "episodes": self.episodes,
+            "recent_returns": [float(r) for r in self.recent_returns],
+            "dropped_lag": self.dropped_lag,
+            "updates_nonfinite": self.updates_nonfinite,
+            "lag_histogram": {int(k): int(v) for k, v in self.lag_histogram.items()},
+            "learner_wait_seconds": self.wait_seconds,
+            "learner_train_seconds": self.train_seconds,
+            "worker_collect_seconds": self.worker_collect_seconds,
+            "worker_wait_seconds": self.worker_wait_seconds,
+            "counters": self._counters(),
+            "stalled_seconds": self.stall_before + self.stall.stalled_seconds,
+        }
+
+    def _restore_totals(self, totals: dict) -> None:
+        """Continue the books of the runs this one resumes (the batcher keeps the
+        per-fragment ones)."""
+        if not totals:
+            return
+        books = self.batcher
+        self.runs = int(totals.get("runs", 1)) + 1
+        self.wall_before = float(totals.get("wall_seconds", 0.0))
+        books.episodes = int(totals.get("episodes", 0))
+        books.recent_returns.extend(totals.get("recent_returns", []))
+        books.dropped_lag = int(totals.get("dropped_lag", 0))
+        books.lag_histogram.update({int(k): int(v)
+                                    for k, v in totals.get("lag_histogram", {}).items()})
+        self.updates_nonfinite = int(totals.get("updates_nonfinite", 0))
+        self.wait_seconds = float(totals.get("learner_wait_seconds", 0.0))
+        self.train_seconds = float(totals.get("learner_train_seconds", 0.0))
+        self.worker_collect_seconds = float(totals.get("worker_collect_seconds", 0.0))
+        self.worker_wait_seconds = float(totals.get("worker_wait_seconds", 0.0))
+        self.counters_before = dict(totals.get("counters", {}))
+        self.stall_before = float(totals.get("stalled_seconds", 0.0))
+
+    def _note_lost(self, failure) -> None:
+        """Record a worker lost for good (its stream gave up), with the fragments it held
+        credits for: sampled or being sampled, never received (called by the batcher)."""
+        stream = next((st for st in self.streams if st.address == failure.address), None)
+        in_flight = max(0, stream.in_flight) if stream is not None else 0
+        hello = stream.hello if stream is not None else None
+        self.workers_lost.append({
+            "address": failure.address,
+            "worker_id": hello.worker_id if hello is not None else None,
+            "fragments_in_flight": in_flight,
+            "global_step": self.global_step,
+            "reason": str(failure.error)[:500],
+        })
 
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
@@ -199,8 +281,9 @@ class Learner:
     def run(self) -> int:
         s = self.settings
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "settings.json").write_text(to_json(s))
-        metrics = MetricsWriter(self.out, progress=s.progress)
+        write_atomic(self.out / "settings.json", to_json(s).encode())
+        metrics = MetricsWriter(self.out, progress=s.progress, wall_offset=self.wall_before)
+        self._session_start = time.monotonic()
         for stream in self.streams:
             stream.start()
         self.batcher.start()
@@ -217,7 +300,7 @@ class Learner:
                 finally:
                     self.batcher.release(ready)
                 if time.monotonic() - self._last_checkpoint > s.checkpoint_every:
-                    self.checkpoint()
+                    self._save_outputs(periodic=True)
             if self._stop_reason is not None:
                 outcome, code = f"stopped: {self._stop_reason}", EXIT_INTERRUPTED
         except HetrlError as exc:
@@ -228,17 +311,35 @@ class Learner:
                 Path(s.finishing_file).touch()
             self.batcher.stop()
             self.publisher.close()
-            self._stop_workers(outcome)
-            self._save(outcome, metrics)
+            # The model and checkpoint first: no worker, hung or slow, can delay them.
+            failed = self._save_outputs(periodic=False)
+            not_stopped = self._stop_workers(outcome)
+            try:
+                self._write_summary(outcome, metrics, not_stopped)
+            except OutputError as exc:
+                log.error("%s", exc)
+                failed = True
             self.evals.final(self.policy, self.global_step)
             self.evals.forward(metrics)
             metrics.close()
-        return code
+        return EXIT_ERROR if failed else code
 
-    def _save(self, outcome: str, metrics: MetricsWriter) -> None:
-        path = self.checkpoint()
-        log.info("checkpoint %s written", path)
-        self._save_model(outcome, metrics)
+    def _save_outputs(self, periodic: bool) -> bool:
+        """Write the model, then a checkpoint; True if either failed. A failure (a full
+        disk) leaves the previous file of each in place and no temporary file. Training
+        goes on after a periodic failure (the model on disk is then the last one that
+        fitted); a failure at the end makes the run's exit code 1."""
+        failed = False
+        for what, write in (("model", self._save_model), ("checkpoint", self.checkpoint)):
+            try:
+                path = write()
+                if not periodic:
+                    log.info("%s %s written", what, path)
+            except OutputError as exc:
+                failed = True
+                log.error("%s%s", exc, " Training goes on." if periodic else "")
+        self._last_checkpoint = time.monotonic()
+        return failed
 
     def _next_batch(self) -> ReadyBatch | None:
         """The next assembled batch; None when stopped or the budget is spent.
@@ -293,10 +394,11 @@ class Learner:
         self.worker_wait_seconds += waited
 
         lags = [self.version - 1 - f.policy_version for f in infos]
-        wall = metrics.wall_seconds
         busy = self.wait_seconds + self.train_seconds
         stats.update({
-            "charts/SPS": self.global_step / max(wall, 1e-9),
+            # This process's rate: steps of a resumed run were made by an earlier one.
+            "charts/SPS": (self.global_step - self.start_step)
+            / max(metrics.session_seconds, 1e-9),
             "charts/learning_rate": self.optimizer.param_groups[0]["lr"],
             "charts/policy_version": float(self.version),
             "charts/policy_lag": float(np.mean(lags)),
@@ -344,38 +446,53 @@ class Learner:
         )
 
     # -- shutdown ------------------------------------------------------------------
-    def _stop_workers(self, reason: str) -> None:
-        threads = [
-            threading.Thread(target=stream.stop, args=(reason,), name="stop-worker")
-            for stream in self.streams
-        ]
+    def _stop_workers(self, reason: str) -> list[str]:
+        """Send Stop on every stream at once and wait at most FINAL_STOP_SECONDS for
+        them to end; a stream still open then (a worker hung in its env, or frozen) is
+        closed. Returns the addresses of the workers that did not stop in time."""
+        stopped: dict[str, bool] = {}
+
+        def stop(stream: WorkerStream) -> None:
+            stopped[stream.address] = stream.stop(reason, FINAL_STOP_SECONDS)
+
+        threads = [threading.Thread(target=stop, args=(stream,), daemon=True,
+                                    name=f"stop-{stream.address}") for stream in self.streams]
         for thread in threads:
             thread.start()
+        deadline = time.monotonic() + FINAL_STOP_SECONDS + 3.0  # + closing the channel
         for thread in threads:
-            thread.join(15.0)
+            thread.join(max(0.0, deadline - time.monotonic()))
+        late = [stream.address for stream in self.streams if not stopped.get(stream.address)]
+        if late:
+            log.warning("workers %s did not end their streams within %.0f s of the Stop "
+                        "(hung or frozen); their streams were closed", late,
+                        FINAL_STOP_SECONDS)
+        return late
 
-    def _save_model(self, outcome: str, metrics: MetricsWriter) -> None:
-        arrays = policy_arrays(self.policy)
-        tmp = self.out / "model.safetensors.tmp"
-        save_file(arrays, str(tmp), metadata={
+    def _save_model(self) -> Path:
+        data = safetensors_bytes(policy_arrays(self.policy), metadata={
             **model_metadata(self.settings),  # load_policy(run) needs nothing else
             "env": self.settings.env,
             "policy_version": str(self.version),
             "global_step": str(self.global_step),
         })
-        tmp.replace(self.out / "model.safetensors")
+        return write_atomic(self.out / "model.safetensors", data)
+
+    def _write_summary(self, outcome: str, metrics: MetricsWriter,
+                       not_stopped: list[str]) -> None:
+        stalled = self.stall_before + self.stall.stalled_seconds
         summary = {
             "outcome": outcome,
             "env": self.settings.env,
             "global_step": self.global_step,
             "policy_version": self.version,
             "wall_seconds": round(metrics.wall_seconds, 2),
+            "wall_seconds_this_run": round(metrics.session_seconds, 2),
+            "runs": self.runs,
             "episodes": self.episodes,
             "mean_return_100": float(np.mean(self.recent_returns)) if self.recent_returns else None,
             "fragments_dropped_lag": self.dropped_lag,
-            "fragments_malformed": sum(s.fragments_malformed for s in self.streams),
-            "sequence_gaps": sum(s.sequence_gaps for s in self.streams),
-            **stream_counters(self.streams),
+            **self._counters(),
             "updates_nonfinite": self.updates_nonfinite,
             "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_histogram.items())},
             "learner_wait_seconds": round(self.wait_seconds, 3),
@@ -384,13 +501,19 @@ class Learner:
             "resumed_from": self.resumed_from,
             "worker_collect_seconds": round(self.worker_collect_seconds, 3),
             "worker_wait_seconds": round(self.worker_wait_seconds, 3),
+            "workers_not_stopped": not_stopped,
+            "workers_lost": self.workers_lost,
+            "stalled_seconds": round(stalled, 2),
+            "fragments_lost_in_flight": sum(w["fragments_in_flight"]
+                                            for w in self.workers_lost),
         }
         hosts = {address.rsplit(":", 1)[0] for address in summary["workers"]}
         verdict = judge(self.wait_seconds, self.train_seconds, self.worker_collect_seconds,
-                        self.worker_wait_seconds, len(self.streams), len(hosts))
+                        self.worker_wait_seconds, len(self.streams), len(hosts),
+                        stalled_seconds=stalled)
         summary["verdict"] = verdict.kind
         summary["verdict_text"] = verdict.text
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_atomic(self.out / "summary.json", json.dumps(summary, indent=2).encode())
         log.info("%s: %s steps in %.1f s, mean return(100) %s", outcome,
                  f"{self.global_step:,}", metrics.wall_seconds, summary["mean_return_100"])
         log.info("bottleneck: %s", verdict.text)

@@ -2,35 +2,115 @@
 
 Metric names follow CleanRL (`charts/episodic_return`, `charts/SPS`, `losses/...`) so
 curves compare with published ones. Every record in metrics.jsonl carries
-`global_step` and `wall_seconds`. Nothing here decides anything about training.
+`global_step` and `wall_seconds`. Metrics are worth less than the run: a sink that
+fails to write (a full disk) is dropped with one warning naming its path, and training
+goes on. Nothing here decides anything about training.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
+import threading
 import time
 from pathlib import Path
+
+log = logging.getLogger("hetrl.metrics")
+
+
+class StallWatch:
+    """Notices when no fragment arrives from any worker for `threshold` seconds while the
+    learner waits: every worker stalled (a hung env everywhere, frozen hosts, a cut
+    network). Warns once per stall as it happens, and when it ends, and adds up the
+    stalled seconds so the verdict can tell a stall from a shortage of workers. It
+    watches from the first fragment on: before it, connect timeouts apply."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self._last: float | None = None
+        self._warned = False
+        self._stalled = 0.0  # seconds of stalls that have ended
+        self.stalls = 0
+
+    def fragment(self) -> None:
+        """A fragment arrived."""
+        now = time.monotonic()
+        if self._warned and self._last is not None:
+            gap = now - self._last
+            self._stalled += gap
+            log.warning("fragments arrive again after a %.0f s stall", gap)
+            self._warned = False
+        self._last = now
+
+    def waiting(self, workers: int) -> None:
+        """The learner is waiting for fragments (called every fraction of a second)."""
+        if self._last is None:
+            return
+        gap = time.monotonic() - self._last
+        if gap > self.threshold and not self._warned:
+            self._warned = True
+            self.stalls += 1
+            log.warning("no fragment from any of the %d workers for %.0f s: every worker is "
+                        "stalled (an env hung everywhere, frozen env hosts, or the network), "
+                        "which more workers would not fix; training resumes when they do",
+                        workers, gap)
+
+    @property
+    def stalled_seconds(self) -> float:
+        """Seconds spent in stalls, the one going on included."""
+        ongoing = (time.monotonic() - self._last
+                   if self._warned and self._last is not None else 0.0)
+        return self._stalled + ongoing
 
 
 class MetricsWriter:
     """Append-only metrics sink for one run directory."""
 
-    def __init__(self, out_dir: Path, progress: bool = True, progress_every: float = 2.0) -> None:
+    def __init__(self, out_dir: Path, progress: bool = True, progress_every: float = 2.0,
+                 wall_offset: float = 0.0) -> None:
         from torch.utils.tensorboard import SummaryWriter  # heavy import, learner only
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = (out_dir / "metrics.jsonl").open("a", buffering=1)
-        self._tb = SummaryWriter(str(out_dir / "tb"))
+        self._jsonl_path, self._tb_path = out_dir / "metrics.jsonl", out_dir / "tb"
+        self._jsonl = None
+        self._tb = None
+        try:
+            self._jsonl = self._jsonl_path.open("a", buffering=1)
+        except OSError as exc:
+            self._give_up("_jsonl", self._jsonl_path, exc)
+        try:
+            self._tb = SummaryWriter(str(self._tb_path))
+            _quiet_tensorboard_thread()
+        except Exception as exc:
+            self._give_up("_tb", self._tb_path, exc)
         self._start = time.monotonic()
+        self._wall_offset = wall_offset  # wall seconds of the runs this one resumes
         self._progress = progress and sys.stderr is not None
         self._progress_every = progress_every
         self._last_progress = 0.0
         self._tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
 
+    def _give_up(self, sink: str, path: Path, exc: BaseException) -> None:
+        """Drop one sink for the rest of the run, with one warning."""
+        log.warning("cannot write metrics to %s (%s: %s); they are no longer written there, "
+                    "training goes on", path, type(exc).__name__, exc)
+        handle, _ = getattr(self, sink), setattr(self, sink, None)
+        try:
+            if handle is not None:
+                handle.close()
+        except Exception:  # the same failure again, on the way out
+            log.debug("closing the failed metrics sink raised", exc_info=True)
+
     @property
     def wall_seconds(self) -> float:
+        """Wall seconds of the whole run, across resumes (as metrics.jsonl records it)."""
+        return self._wall_offset + self.session_seconds
+
+    @property
+    def session_seconds(self) -> float:
+        """Wall seconds since this process started writing."""
         return time.monotonic() - self._start
 
     def log(self, step: int, values: dict[str, float]) -> None:
@@ -39,8 +119,18 @@ class MetricsWriter:
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 continue
             record[key] = value
-            self._tb.add_scalar(key, value, step)
-        self._jsonl.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            try:  # TensorBoard writes in a thread; its failure surfaces on the next call
+                for key, value in record.items():
+                    if key not in ("global_step", "wall_seconds"):
+                        self._tb.add_scalar(key, value, step)
+            except Exception as exc:
+                self._give_up("_tb", self._tb_path, exc)
+        if self._jsonl is not None:
+            try:
+                self._jsonl.write(json.dumps(record) + "\n")
+            except OSError as exc:
+                self._give_up("_jsonl", self._jsonl_path, exc)
 
     def progress(self, line: str) -> None:
         """Rewrite the progress line on a terminal, print it every few seconds otherwise."""
@@ -57,5 +147,29 @@ class MetricsWriter:
     def close(self) -> None:
         if self._progress and self._tty and self._last_progress:
             sys.stderr.write("\n")  # leave the rewritten progress line behind
-        self._tb.close()
-        self._jsonl.close()
+        for sink, path in (("_tb", self._tb_path), ("_jsonl", self._jsonl_path)):
+            handle = getattr(self, sink)
+            if handle is None:
+                continue
+            try:
+                handle.close()
+            except Exception as exc:
+                self._give_up(sink, path, exc)
+
+
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard's writer thread re-raises a write error (ENOSPC) as an uncaught thread
+    exception, a traceback on stderr; MetricsWriter reports it once itself, so that
+    thread's OSError is left out of threading.excepthook."""
+    previous = threading.excepthook
+    if getattr(previous, "_hetrl_quiet_tb", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(
+                args.exc_type, OSError):
+            return
+        previous(args)
+
+    hook._hetrl_quiet_tb = True  # type: ignore[attr-defined]
+    threading.excepthook = hook

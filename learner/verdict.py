@@ -4,7 +4,9 @@ workers waited for credits, in the words a user acts on.
 Pure arithmetic on totals that the learner keeps; no I/O. The thresholds are the usual
 reading of utilisation graphs: a learner idle for most of the run is starved of
 experience (add env hosts), workers idle at their credit limit mean the learner is the
-bottleneck (bigger GPU, larger batch, fewer epochs).
+bottleneck (bigger GPU, larger batch, fewer epochs). Time in which no worker sent
+anything at all (a stall: hung envs, frozen hosts) is not a shortage of workers: it is
+taken out of the learner's wait before judging, and named.
 """
 
 from __future__ import annotations
@@ -14,17 +16,19 @@ import math
 
 EXPERIENCE_BOUND_WAIT = 0.5  # learner waited for data this fraction of its time
 LEARNER_BOUND_WAIT = 0.3  # workers waited for credits this fraction of their time
+STALLED = 0.5  # every worker silent this fraction of the learner's time
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """What bounds the run, and how many more workers would saturate the learner."""
 
-    kind: str  # "experience-bound", "learner-bound" or "balanced"
+    kind: str  # "experience-bound", "learner-bound", "balanced" or "stalled"
     text: str
     learner_wait_fraction: float
     worker_wait_fraction: float
     more_workers: int = 0
+    stalled_seconds: float = 0.0
 
 
 def judge(
@@ -34,8 +38,33 @@ def judge(
     worker_wait_seconds: float,
     workers: int,
     env_hosts: int = 1,
+    stalled_seconds: float = 0.0,
 ) -> Verdict:
-    """Judge a run from its totals (seconds summed over the run; workers summed too)."""
+    """Judge a run from its totals (seconds summed over the run; workers summed too).
+    `stalled_seconds` of the learner's wait had no worker sending anything."""
+    stall = min(max(stalled_seconds, 0.0), learner_wait_seconds)
+    verdict = _judge(learner_wait_seconds - stall, learner_train_seconds,
+                     worker_collect_seconds, worker_wait_seconds, workers, env_hosts)
+    if stall <= 0:
+        return verdict
+    total = learner_wait_seconds + learner_train_seconds
+    note = (f"every worker stalled for {stall:.0f} s ({stall / total:.0%} of the learner's "
+            "time: no fragment from any of them, a hang or a freeze that more workers "
+            "would not fix)")
+    if stall >= STALLED * total:
+        return dataclasses.replace(verdict, kind="stalled", stalled_seconds=stall,
+                                   text=f"{note}; the rest of the time: {verdict.text}")
+    return dataclasses.replace(verdict, stalled_seconds=stall, text=f"{verdict.text}; {note}")
+
+
+def _judge(
+    learner_wait_seconds: float,
+    learner_train_seconds: float,
+    worker_collect_seconds: float,
+    worker_wait_seconds: float,
+    workers: int,
+    env_hosts: int = 1,
+) -> Verdict:
     learner_total = learner_wait_seconds + learner_train_seconds
     worker_total = worker_collect_seconds + worker_wait_seconds
     lw = learner_wait_seconds / learner_total if learner_total > 0 else 0.0

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import gymnasium as gym
 import numpy as np
 
-from hetrl.rollout.envs import FAULT_KEY
-from hetrl.rollout.errors import EnvUnhealthyError, NonFiniteError
+from hetrl.rollout.envs import FAULT_KEY, FailureBudget
+from hetrl.rollout.errors import EnvError, EnvUnhealthyError, NonFiniteError
 from hetrl.rollout.policy import Policy, action_dtype
 
 log = logging.getLogger("hetrl.collector")
@@ -55,10 +55,12 @@ class Collector:
     def __init__(
         self, envs: gym.vector.VectorEnv, policy: Policy, length: int, seed: int,
         remake: Callable[[], gym.vector.VectorEnv] | None = None,
-        failure_limit: int = 3, nonfinite: str = "drop",
+        failure_rate: float = 0.25, failure_window: int = 100, nonfinite: str = "drop",
     ):
         self.envs, self.policy, self.length = envs, policy, length
-        self.remake, self.failure_limit, self.nonfinite = remake, failure_limit, nonfinite
+        self.remake, self.nonfinite = remake, nonfinite
+        # Whole-vector recreations (unguarded vector envs), budgeted per vector step.
+        self.vector_budget = FailureBudget(failure_rate, failure_window)
         self.num_envs = envs.num_envs
         self.obs_space = envs.single_observation_space
         self.act_shape = envs.single_action_space.shape or ()
@@ -68,7 +70,6 @@ class Collector:
         self.autoreset = np.zeros(self.num_envs, dtype=bool)  # next step is a reset step
         self.episode_return = np.zeros(self.num_envs, dtype=np.float64)
         self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
-        self.vector_failures = 0  # whole-vector recreations in a row (unguarded envs)
         self.total_faults = 0
         self.total_aborted = 0
 
@@ -84,8 +85,8 @@ class Collector:
         report every env as faulted."""
         try:
             obs, reward, term, trunc, info = self._env_call(self.envs.step, env_actions)
-        except (EnvUnhealthyError, NonFiniteError):
-            raise
+        except (EnvError, NonFiniteError):
+            raise  # unhealthy, a wrong shape, or NaN under --nonfinite fail
         except Exception as exc:
             if self.remake is None:
                 raise
@@ -101,16 +102,14 @@ class Collector:
                 raise NonFiniteError(f"envs {np.flatnonzero(bad).tolist()} returned NaN/Inf "
                                      "(--nonfinite fail, or an env hetrl cannot recreate)")
             return self._remake_all(NonFiniteError("non-finite observation or reward"))
-        if (term | trunc).any():
-            self.vector_failures = 0
+        self.vector_budget.call()
         return obs, reward, term, trunc, faulted
 
     def _remake_all(self, exc: Exception):
-        self.vector_failures += 1
-        if self.vector_failures >= self.failure_limit:
+        if self.vector_budget.fail():
             raise EnvUnhealthyError(
-                f"the vector env failed {self.vector_failures} times in a row "
-                f"(--env-failure-limit {self.failure_limit}): {exc!r}"
+                f"the vector env keeps failing: {self.vector_budget.describe()}; "
+                f"last failure: {exc!r}"
             ) from exc
         log.warning("the vector env failed (%r); recreating all %d envs", exc, self.num_envs,
                     exc_info=exc)

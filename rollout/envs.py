@@ -12,6 +12,7 @@ depends on it. Nothing here touches torch or the network.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import importlib
@@ -25,7 +26,7 @@ import numpy as np
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
-from hetrl.rollout.errors import EnvError, EnvUnhealthyError, NonFiniteError
+from hetrl.rollout.errors import EnvError, EnvShapeError, EnvUnhealthyError, NonFiniteError
 from hetrl.rollout.settings import EnvSettings
 
 log = logging.getLogger("hetrl.envs")
@@ -119,6 +120,41 @@ def describe_env(settings: EnvSettings) -> EnvDescription:
         env.close()
 
 
+class FailureBudget:
+    """An env's failure budget: a rate over its last `window` calls, not a streak.
+
+    `call()` counts one step or reset; `fail()` counts a failed one and returns True
+    once more than `rate * window` of the last `window` calls failed. An env that fails
+    now and then (a fault every few hundred steps, NaN on 0.2% of steps) never exhausts
+    it however long the run; one that fails on a large share of its steps, or cannot
+    even be recreated, exhausts it within `window` calls.
+    """
+
+    def __init__(self, rate: float, window: int) -> None:
+        self.rate, self.window = rate, window
+        self.calls = 0
+        self._failed_at: collections.deque[int] = collections.deque()
+
+    def call(self) -> None:
+        self.calls += 1
+
+    def fail(self) -> bool:
+        self.calls += 1
+        self._failed_at.append(self.calls)
+        while self._failed_at[0] <= self.calls - self.window:
+            self._failed_at.popleft()
+        return len(self._failed_at) > self.rate * self.window
+
+    @property
+    def recent(self) -> int:
+        """Failures among the last `window` calls (as of the last failure)."""
+        return len(self._failed_at)
+
+    def describe(self) -> str:
+        return (f"{self.recent} of its last {min(self.calls, self.window)} steps failed "
+                f"(--env-failure-rate {self.rate} over --env-failure-window {self.window})")
+
+
 def _finite(value) -> bool:
     array = np.asarray(value)
     return array.dtype.kind not in "fc" or bool(np.isfinite(array).all())
@@ -131,26 +167,41 @@ class EnvGuard(gym.Wrapper):
     the env, makes a fresh one from the same spec and resets it; the step then returns
     the fresh first observation with reward 0, terminated = truncated = False, and
     `info[FAULT_KEY]` set, so the collector can abort the episode without bootstrapping
-    it to zero. `failure_limit` failures in a row without a completed episode raise
-    EnvUnhealthyError carrying the last traceback; the worker then exits unhealthy.
+    it to zero. Failures are budgeted as a rate (`FailureBudget`): once more than
+    `failure_rate` of its last `failure_window` calls failed it raises
+    EnvUnhealthyError carrying the last traceback, and the worker exits unhealthy. An
+    observation whose shape is not the space's is a bug in the env, not a fault:
+    EnvShapeError names both shapes.
     """
 
-    def __init__(self, env: gym.Env, failure_limit: int = 3, nonfinite: str = "drop") -> None:
+    def __init__(self, env: gym.Env, failure_rate: float = 0.25, failure_window: int = 100,
+                 nonfinite: str = "drop") -> None:
         super().__init__(env)
         self._spec = env.spec
-        self.failure_limit, self.nonfinite = failure_limit, nonfinite
-        self.consecutive_failures = 0
+        self.budget = FailureBudget(failure_rate, failure_window)
+        self.nonfinite = nonfinite
+        self._obs_shape = tuple(env.observation_space.shape or ())
+
+    def _check_shape(self, obs) -> None:
+        shape = np.shape(obs)
+        if shape != self._obs_shape:
+            name = self._spec.id if self._spec else type(self.env).__name__
+            raise EnvShapeError(
+                f"env {name} returned an observation of shape {shape}; its observation_space "
+                f"{self.observation_space} has shape {self._obs_shape}. Fix the env (or "
+                "its observation_space) so they agree."
+            )
 
     def step(self, action):
         try:
             obs, reward, terminated, truncated, info = self.env.step(action)
         except Exception:
             return self._recover(FAULT_ERROR, traceback.format_exc())
+        self._check_shape(obs)
         if not (_finite(obs) and _finite(reward)):
             return self._recover(FAULT_NONFINITE, f"non-finite output: reward {reward}, "
                                  f"observation {np.asarray(obs).tolist()}")
-        if terminated or truncated:
-            self.consecutive_failures = 0
+        self.budget.call()
         return obs, reward, terminated, truncated, info
 
     def reset(self, *, seed=None, options=None):
@@ -159,6 +210,7 @@ class EnvGuard(gym.Wrapper):
         except Exception:
             obs, _, _, _, info = self._recover(FAULT_ERROR, traceback.format_exc())
             return obs, info
+        self._check_shape(obs)
         if not _finite(obs):
             obs, _, _, _, info = self._recover(
                 FAULT_NONFINITE, f"non-finite first observation {np.asarray(obs).tolist()}")
@@ -169,12 +221,9 @@ class EnvGuard(gym.Wrapper):
             raise NonFiniteError(f"env {self._spec.id if self._spec else ''}: {detail} "
                                  "(--nonfinite fail)")
         while True:
-            self.consecutive_failures += 1
-            if self.consecutive_failures >= self.failure_limit:
+            if self.budget.fail():
                 raise EnvUnhealthyError(
-                    f"env failed {self.consecutive_failures} times in a row without "
-                    f"completing an episode (--env-failure-limit {self.failure_limit}); "
-                    f"last failure:\n{detail}"
+                    f"env keeps failing: {self.budget.describe()}; last failure:\n{detail}"
                 )
             log.warning("env failed (%s); recreating it:\n%s",
                         "exception" if kind == FAULT_ERROR else "non-finite", detail)
@@ -188,6 +237,7 @@ class EnvGuard(gym.Wrapper):
             except Exception:
                 kind, detail = FAULT_ERROR, traceback.format_exc()
                 continue
+            self._check_shape(obs)
             if not _finite(obs):
                 kind, detail = FAULT_NONFINITE, "non-finite first observation after recreate"
                 continue
@@ -208,7 +258,8 @@ def make_vector_env(
     """
     spec = env_spec(settings)
     guard = functools.partial(
-        EnvGuard, failure_limit=getattr(settings, "env_failure_limit", 3),
+        EnvGuard, failure_rate=getattr(settings, "env_failure_rate", 0.25),
+        failure_window=getattr(settings, "env_failure_window", 100),
         nonfinite=getattr(settings, "nonfinite", "drop"),
     )
     guarded = {"vector_kwargs": {"autoreset_mode": AutoresetMode.NEXT_STEP}, "wrappers": [guard]}

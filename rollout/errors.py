@@ -25,8 +25,18 @@ class EnvUnhealthyError(EnvError):
     message carries the env's last traceback."""
 
 
+class EnvShapeError(EnvUnhealthyError):
+    """An env returned an observation whose shape is not its observation space's; a bug
+    in the env that recreating it cannot fix, so it ends the worker as unhealthy."""
+
+
 class NonFiniteError(HetrlError, ValueError):
     """NaN or Inf in observations, rewards or weights under --nonfinite fail."""
+
+
+class OutputError(HetrlError):
+    """An output (model, checkpoint, summary) could not be written: the message names
+    the file, its directory, the bytes it needed and the bytes free there."""
 
 
 class WireFormatError(HetrlError, ValueError):

@@ -100,9 +100,13 @@ class RolloutSettings:
 class ReliabilitySettings:
     """How a process reacts to faults: failing envs, hangs, non-finite data, lost peers."""
 
-    env_failure_limit: int = 3
-    """Consecutive failures (exceptions or non-finite output) of one env, without a
-    completed episode between them, after which its worker reports unhealthy and exits."""
+    env_failure_rate: float = 0.25
+    """Failure budget of each env, as a rate: when more than this fraction of one env's
+    last --env-failure-window steps failed (raised, or returned NaN/Inf), its worker
+    reports unhealthy and exits. Rarer faults are survived however long the run: the
+    env is recreated, its episode dropped and the fault counted."""
+    env_failure_window: int = 100
+    """Steps (per env) over which --env-failure-rate is measured."""
     step_timeout: float = 120.0
     """Seconds one vector step or reset may take before the worker's watchdog declares the
     env hung and exits (code 5) so its supervisor restarts it."""
@@ -116,7 +120,8 @@ class ReliabilitySettings:
     is detected within keepalive_time + keepalive_timeout."""
 
     def __post_init__(self) -> None:
-        require(self.env_failure_limit >= 1, "--env-failure-limit must be >= 1")
+        require(0 < self.env_failure_rate < 1, "--env-failure-rate must be in (0, 1)")
+        require(self.env_failure_window >= 1, "--env-failure-window must be >= 1")
         require(self.step_timeout > 0, "--step-timeout must be > 0")
         require(self.nonfinite in ("drop", "fail"), "--nonfinite must be drop or fail")
         require(self.keepalive_time >= 1, "--keepalive-time must be >= 1 s")

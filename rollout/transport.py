@@ -46,13 +46,22 @@ class TransportOptions:
     keepalive_timeout: float = 10.0
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_concurrent_rpcs: int = 4
+    max_receive_bytes: int = 0
+    """Largest message this end accepts; 0: max_message_bytes. A server sizes it from
+    what its peer may send (a worker: one set of weights; an env host: a control
+    request), so a peer holding the token cannot make it buffer hundreds of MiB."""
 
     def _common(self) -> list[tuple[str, int]]:
         return [
             ("grpc.max_send_message_length", self.max_message_bytes),
-            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length",
+             self.max_receive_bytes or self.max_message_bytes),
             ("grpc.keepalive_time_ms", int(self.keepalive_time * 1000)),
             ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout * 1000)),
+            # gRPC >= 1.5x times out a server's keepalive pings with the general ping
+            # timeout (default 60 s), not keepalive_timeout: without this a worker never
+            # noticed a learner frozen for 25 s.
+            ("grpc.http2.ping_timeout_ms", int(self.keepalive_timeout * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
         ]

@@ -17,6 +17,7 @@ counted; the worker stays up. A gRPC health service reports SERVING until it sto
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import faulthandler
 import json
@@ -49,7 +50,7 @@ from hetrl.rollout.errors import (
     WireFormatError,
 )
 from hetrl.rollout.lifetime import die_with_parent
-from hetrl.rollout.policy import Policy, load_policy_arrays
+from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.settings import WorkerSettings
 from hetrl.rollout.transport import (
     MAX_MESSAGE_BYTES,
@@ -117,7 +118,8 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
         _check_fragment_size(settings, obs_space, act_space)
         self.collector = Collector(
             self.envs, self.policy, settings.fragment_length, seed, remake=self._make_envs,
-            failure_limit=settings.env_failure_limit, nonfinite=settings.nonfinite,
+            failure_rate=settings.env_failure_rate,
+            failure_window=settings.env_failure_window, nonfinite=settings.nonfinite,
         )
         self.hello = hetrl_pb2.Hello(
             worker_id=settings.worker_id,
@@ -163,6 +165,10 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
         try:
             yield from self._serve(request_iterator, context)
         finally:
+            if not self.stopped.is_set():
+                log.warning("the learner's stream ended without a Stop (the learner is gone, "
+                            "restarting or reconnecting); waiting up to %.0f s "
+                            "(--learner-timeout) for a learner", self.settings.learner_timeout)
             self.last_learner_seen = time.monotonic()
             if not self.stopped.is_set():
                 self.state = WorkerState.IDLE
@@ -306,6 +312,15 @@ def _read_requests(requests, inbox: _Inbox) -> None:
             inbox.cond.notify_all()
 
 
+def receive_limit(policy: Policy) -> int:
+    """The largest LearnerMessage this worker accepts: one set of its policy's weights
+    (their bytes plus per-array names, dtypes and shapes), with room to spare. Anything
+    bigger is refused by gRPC (RESOURCE_EXHAUSTED) before it is buffered whole."""
+    arrays = policy_arrays(policy)
+    payload = sum(a.nbytes for a in arrays.values())
+    return int(payload * 1.25) + 1024 * len(arrays) + (64 << 10)
+
+
 def _check_fragment_size(settings: WorkerSettings, obs_space, act_space) -> None:
     """Refuse a configuration whose fragment cannot fit in one message."""
     t_len, n = settings.fragment_length, settings.envs_per_worker
@@ -361,8 +376,9 @@ def run_worker(settings: WorkerSettings) -> int:
     """Serve until stopped; return the process exit code."""
     token = token_from_env()
     worker = RolloutWorker(settings)
-    server, port = create_server(f"{settings.host}:{settings.port}", token,
-                                 options=transport_options(settings))
+    options = dataclasses.replace(transport_options(settings),
+                                  max_receive_bytes=receive_limit(worker.policy))
+    server, port = create_server(f"{settings.host}:{settings.port}", token, options=options)
     add_to_server(worker, server)
     health_pb2_grpc.add_HealthServicer_to_server(worker.health, server)
     server.start()

@@ -102,3 +102,14 @@ def test_report_without_instance_type_says_how_to_price(tmp_path: Path) -> None:
     assert "pass --instance-type" in text
     with pytest.raises(ConfigError, match="no summary.json"):
         Run(tmp_path)
+
+
+def test_a_stall_is_not_a_shortage() -> None:
+    # 30 s of the learner's 40 s waiting were a stall (no worker sent anything): the old
+    # verdict read 75% wait as "experience-bound; add workers".
+    stalled = judge(32, 8, 20, 1, workers=2, stalled_seconds=30)
+    assert stalled.kind == "stalled" and "stalled for 30 s" in stalled.text
+    assert stalled.more_workers == 0  # the 2 s of real waiting say balanced
+    assert judge(32, 8, 20, 1, workers=2).kind == "experience-bound"
+    short = judge(30, 20, 20, 1, workers=2, stalled_seconds=5)  # a short stall, noted
+    assert short.kind == "experience-bound" and "stalled for 5 s" in short.text

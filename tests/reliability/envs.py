@@ -91,3 +91,81 @@ class HangsOnce(Counting):
         os.close(fd)
         while True:
             time.sleep(1)
+
+
+class FailsEvery(Counting):
+    """Episodes of 100 steps, but every instance raises at each 30th of its own steps:
+    a fault rate of 3% on which no episode ever completes."""
+
+    made = itertools.count()
+
+    def step(self, action):
+        obs, reward, _, _, info = super().step(action)
+        return obs, reward, False, self.t >= 100, info
+
+    def fault(self) -> None:
+        if self.total_steps % 30 == 0:
+            raise RuntimeError("rare physics fault (test fault)")
+
+
+class NaNSometimes(Counting):
+    """A NaN observation on one step in 500 of the process (0.2% of steps), episodes of
+    1000 steps."""
+
+    made = itertools.count()
+    calls = itertools.count(1)
+
+    def step(self, action):
+        obs, reward, _, _, info = super().step(action)
+        if next(NaNSometimes.calls) % 500 == 0:
+            obs = np.array([np.nan, 0], np.float32)
+        return obs, reward, False, self.t >= 1000, info
+
+
+class WrongShape(Counting):
+    """Announces a (2,) observation space, returns a (3,) observation from its 2nd step."""
+
+    made = itertools.count()
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        if self.total_steps >= 2:
+            obs = np.zeros(3, np.float32)
+        return obs, reward, term, trunc, info
+
+
+class HangsFor(Counting):
+    """Like HangsOnce, but the hang ends after HETRL_TEST_HANG_SECONDS (default 60)."""
+
+    made = itertools.count()
+
+    def fault(self) -> None:
+        if self.total_steps != 50:
+            return
+        try:
+            fd = os.open(os.environ["HETRL_TEST_HANG_FLAG"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, str(time.time()).encode())
+        os.close(fd)
+        time.sleep(float(os.environ.get("HETRL_TEST_HANG_SECONDS", "60")))
+
+
+class EveryWorkerHangsFor(Counting):
+    """In every worker process, instance 0 sleeps HETRL_TEST_HANG_SECONDS (default 15)
+    once, at its 50th step; the first to hang writes the time to HETRL_TEST_HANG_FLAG."""
+
+    made = itertools.count()
+    hung = False
+
+    def fault(self) -> None:
+        if self.instance != 0 or self.total_steps != 50 or EveryWorkerHangsFor.hung:
+            return
+        EveryWorkerHangsFor.hung = True
+        try:
+            fd = os.open(os.environ["HETRL_TEST_HANG_FLAG"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, str(time.time()).encode())
+            os.close(fd)
+        except FileExistsError:
+            pass
+        time.sleep(float(os.environ.get("HETRL_TEST_HANG_SECONDS", "15")))

@@ -199,3 +199,78 @@ def test_no_pickle_or_unsafe_torch_load_in_the_product() -> None:
                 if "weights_only=True" not in match.group(0):
                     offenders.append(f"{path.relative_to(ROOT)}: {match.group(0)}")
     assert offenders == [], "pickle-based loading in the product:\n" + "\n".join(offenders)
+
+
+def _rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
+
+
+def test_a_worker_refuses_more_than_one_set_of_weights_before_buffering_it(
+        tmp_path: Path) -> None:
+    """100 MiB of garbage with the right token: a worker's receive limit is one set of
+    its weights (KiB here), so gRPC refuses it unread; it used to be 256 MiB for every
+    peer, and a 200 MiB message grew a worker's RSS from 252 to 469 MiB for good."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hetrl.rollout.settings import to_json
+
+    ready = tmp_path / "ready.json"
+    settings = WorkerSettings(env="CartPole-v1", envs_per_worker=2, fragment_length=4,
+                              ready_file=str(ready))
+    (tmp_path / "worker.json").write_text(to_json(settings))
+    proc = subprocess.Popen([sys.executable, "-m", "hetrl.rollout.worker",
+                             str(tmp_path / "worker.json")], cwd=ROOT,
+                            env=dict(os.environ, HETRL_TOKEN=TOKEN),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(ready.exists, 60, "the worker to listen")
+        address = json.loads(ready.read_text())["address"]
+        before = _rss_mib(proc.pid)
+        channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_send_message_length", 256 << 20)])
+        stream = channel.stream_stream("/hetrl.Rollout/Stream", request_serializer=None,
+                                       response_deserializer=None)
+        garbage = b"\xff" * (100 << 20)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            list(stream(held_open([garbage], 30), metadata=auth_metadata(TOKEN), timeout=30))
+        refused = time.monotonic() - started
+        del garbage
+        after = _rss_mib(proc.pid)
+        print(f"\n100 MiB of garbage to a worker: {info.value.code().name} after "
+              f"{refused:.2f} s; worker RSS {before:.0f} -> {after:.0f} MiB")
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+        assert after - before < 20
+        assert proc.poll() is None  # still serving
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_garbage_to_an_env_host_control_port_is_invalid_argument_and_counted(caplog) -> None:
+    from hetrl.launch.env_host import HostControl, add_control_to_server
+
+    control = HostControl("algo-1", ["127.0.0.1:1"], 2)
+    server, port = create_server("127.0.0.1:0", TOKEN)
+    add_control_to_server(control, server)
+    server.start()
+    try:
+        channel = create_channel(f"127.0.0.1:{port}")
+        for method in ("Describe", "Heartbeat", "Stop"):
+            call = channel.unary_unary(f"/hetrl.HostControl/{method}",
+                                       request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as info:
+                call(b"\xff" * 64, metadata=auth_metadata(TOKEN), timeout=5)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+        assert control.messages_malformed == 3 and control.stop_reason is None
+        assert "Traceback" not in caplog.text
+        stub = hetrl_pb2_grpc.HostControlStub(channel)  # well-formed calls still work
+        info = stub.Describe(hetrl_pb2.DescribeRequest(), metadata=auth_metadata(TOKEN),
+                             timeout=5)
+        assert info.host == "algo-1"
+    finally:
+        server.stop(0)

@@ -13,7 +13,7 @@ import torch
 from hetrl.learner.vtrace import vtrace
 from hetrl.rollout.collector import Collector
 from hetrl.rollout.envs import make_vector_env
-from hetrl.rollout.errors import EnvUnhealthyError, NonFiniteError
+from hetrl.rollout.errors import EnvShapeError, EnvUnhealthyError, NonFiniteError
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.settings import WorkerSettings
 from tests.reliability import envs as fault_envs
@@ -25,8 +25,8 @@ def collector(env: str, n: int = 3, length: int = 8, **kw) -> Collector:
                               fragment_length=length, **kw)
     envs = make_vector_env(settings, n)
     policy = Policy(envs.single_observation_space, envs.single_action_space, settings)
-    return Collector(envs, policy, length, seed=0, failure_limit=settings.env_failure_limit,
-                     nonfinite=settings.nonfinite)
+    return Collector(envs, policy, length, seed=0, failure_rate=settings.env_failure_rate,
+                     failure_window=settings.env_failure_window, nonfinite=settings.nonfinite)
 
 
 def test_failing_env_is_recreated_and_its_episode_aborted() -> None:
@@ -56,11 +56,12 @@ def test_failing_env_is_recreated_and_its_episode_aborted() -> None:
 
 
 def test_env_that_keeps_failing_is_unhealthy_with_its_traceback() -> None:
-    c = collector("AlwaysFails", n=2, env_failure_limit=3)
+    c = collector("AlwaysFails", n=2)  # fails on 1 step in 3: over the 25% budget
     with pytest.raises(EnvUnhealthyError) as info:
-        for _ in range(5):
+        for _ in range(20):
             c.collect()
-    assert "3 times in a row" in str(info.value)
+    assert "26 of its last" in str(info.value)  # first over 25 of 100
+    assert "--env-failure-rate 0.25" in str(info.value)
     assert "physics blew up again" in str(info.value)  # the env's own traceback
     assert "Traceback" in str(info.value)
 
@@ -77,3 +78,33 @@ def test_nan_observation_fails_fast_when_asked() -> None:
     c = collector("NaNOnce", nonfinite="fail")
     with pytest.raises(NonFiniteError, match="nonfinite fail"):
         c.collect()
+
+
+def test_rare_faults_never_exhaust_the_budget_even_without_completed_episodes() -> None:
+    """A fault every 30 steps of each env, on 100-step episodes: no episode ever
+    completes. The old rule (3 failures in a row without a completed episode) called
+    this unhealthy after ~90 steps; a 3% fault rate is survived, faults counted."""
+    c = collector("FailsEvery", n=2, length=50)
+    faults = 0
+    for _ in range(6):  # 300 steps per env: 10 faults each
+        faults += c.collect().env_faults
+    assert faults == 2 * (300 // 30)
+
+
+def test_nan_on_a_fifth_of_a_percent_of_steps_is_dropped_and_counted() -> None:
+    """0.2% NaN observations on 1000-step episodes: the old streak rule stopped such
+    runs as unhealthy; each NaN episode is now dropped and counted, nothing else."""
+    fault_envs.NaNSometimes.calls = itertools.count(1)
+    c = collector("NaNSometimes", n=4, length=100)
+    frags = [c.collect() for _ in range(8)]  # 3,200 steps: a NaN every 500
+    faults = sum(f.env_faults for f in frags)
+    assert faults >= 5 and faults == sum(f.episodes_aborted for f in frags)
+    assert all(np.isfinite(f.observations).all() for f in frags)
+
+
+def test_observation_of_the_wrong_shape_names_both_shapes() -> None:
+    c = collector("WrongShape", n=2)
+    with pytest.raises(EnvShapeError) as info:
+        c.collect()
+    message = str(info.value)
+    assert "shape (3,)" in message and "has shape (2,)" in message, message

@@ -103,13 +103,19 @@ def test_sigterm_to_the_launcher_stops_gracefully_and_exits_0(tmp_path: Path) ->
     assert code == 0, log.read_text()[-3000:]
     assert summary["outcome"] == "stopped: signal SIGTERM"
     assert state["global_step"] == summary["global_step"]
+    # The worker lost for good is in the summary and the report, with what it held.
+    [lost] = summary["workers_lost"]
+    assert lost["worker_id"] == 1 and 0 <= lost["fragments_in_flight"] <= 2, lost
+    assert summary["fragments_lost_in_flight"] == lost["fragments_in_flight"]
+    assert "workers lost for good" in (out / "report" / "report.md").read_text()
     assert elapsed < 20
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
 
 
 def test_sigterm_to_a_worker_then_to_the_learner(tmp_path: Path) -> None:
     out = tmp_path / "bc"
-    proc, log = start(out, "--workers", "2", "--total-steps", "100000000")
+    proc, log = start(out, "--workers", "2", "--total-steps", "100000000",
+                      "--connect-timeout", "3")
     try:
         wait_for(lambda: count(log, "streaming from worker") == 2 and step(out) > 0, 120,
                  "training on both workers")
@@ -124,6 +130,8 @@ def test_sigterm_to_a_worker_then_to_the_learner(tmp_path: Path) -> None:
         worker_stop = time.monotonic() - sent
         at = step(out)
         wait_for(lambda: step(out) > at + 5000, 60, "training on the other worker")
+        wait_for(lambda: count(log, "ERROR lost worker") == 1, 60,
+                 "the learner to give up on the stopped worker (--connect-timeout 3)")
         # (b) the learner alone: it checkpoints, stops its workers and exits 0; the
         # launcher then exits 0.
         sent = time.monotonic()
@@ -137,12 +145,17 @@ def test_sigterm_to_a_worker_then_to_the_learner(tmp_path: Path) -> None:
     state = newest_checkpoint(out)
     print(f"\nSIGTERM worker 1: gone after {worker_stop:.1f} s, not restarted, training "
           f"went on; SIGTERM learner: launcher exit {code} after {learner_stop:.1f} s, "
-          f"checkpoint at step {state['global_step']}")
+          f"checkpoint at step {state['global_step']}; lost {summary['workers_lost']}")
     assert code == 0, log.read_text()[-3000:]
     assert "worker 1 stopped (signal SIGTERM)" in (out / "launch" / "logs" /
                                                    "worker-1.log").read_text()
     assert count(log, "restarting") == 0
     assert summary["outcome"] == "stopped: signal SIGTERM"
     assert state["global_step"] == summary["global_step"]
+    # The worker lost for good is in the summary and the report, with what it held.
+    [lost] = summary["workers_lost"]
+    assert lost["worker_id"] == 1 and 0 <= lost["fragments_in_flight"] <= 2, lost
+    assert summary["fragments_lost_in_flight"] == lost["fragments_in_flight"]
+    assert "workers lost for good" in (out / "report" / "report.md").read_text()
     assert learner_stop < 20
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")

@@ -115,3 +115,116 @@ def test_hung_env_restarts_its_worker_while_training_goes_on(tmp_path: Path) -> 
     assert summary["fragments_duplicate"] == 0
     assert "is hung" in (out / "launch" / "logs").joinpath(
         f"worker-{0 if 'worker-0 exited' in log.read_text() else 1}.log").read_text()
+
+
+def test_worker_hung_at_the_end_never_delays_the_model_and_the_run_exits_0(
+        tmp_path: Path) -> None:
+    """One worker's env hangs for 60 s (under --step-timeout, so no watchdog) while the
+    other finishes the run: the model and checkpoint are written as training ends, the
+    hung stream is closed after the bounded final Stop, and the run exits 0."""
+    out, flag = tmp_path / "hang-end", tmp_path / "hang.flag"
+    proc, log = start(out, "--env", "tests.reliability.envs:HangsFor", "--workers", "2",
+                      "--envs-per-worker", "2", "--fragment-length", "16", "--total-steps",
+                      "3000", "--shutdown-grace", "2",
+                      env={"HETRL_TEST_HANG_FLAG": str(flag), "HETRL_TEST_HANG_SECONDS": "60"})
+    try:
+        wait_for(flag.exists, 120, "an env to hang")
+        assert proc.wait(120) == 0, log.read_text()[-3000:]
+        ended = time.time()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    finishing = (out / "launch" / "learner.finishing").stat().st_mtime
+    model = (out / "model.safetensors").stat().st_mtime
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"\nworker hung at the end: model written {model - finishing:.2f} s after training "
+          f"ended; launcher exit 0 {ended - finishing:.1f} s after it; hang began "
+          f"{finishing - float(flag.read_text()):.1f} s before it; not stopped: "
+          f"{summary['workers_not_stopped']}")
+    assert float(flag.read_text()) + 60 > ended  # the env was still hung throughout
+    assert model - finishing < 2.0  # was ~12 s: the final Stop waited on the hung stream
+    assert len(summary["workers_not_stopped"]) == 1
+    assert summary["outcome"] == "finished" and summary["global_step"] >= 3000
+    wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
+
+
+def test_every_worker_stalling_is_warned_while_it_happens_and_judged_a_stall(
+        tmp_path: Path) -> None:
+    """Every worker's env hangs for 20 s (under --step-timeout): the learner warns while
+    it happens (after 10 s without a fragment from anyone) and the verdict calls it a
+    stall, not a shortage of workers ("add about 18 more workers", as it used to)."""
+    out, flag = tmp_path / "stall", tmp_path / "hang.flag"
+    proc, log = start(out, "--env", "tests.reliability.envs:EveryWorkerHangsFor",
+                      "--workers", "2", "--envs-per-worker", "2", "--fragment-length", "16",
+                      "--total-steps", "2000",
+                      env={"HETRL_TEST_HANG_FLAG": str(flag), "HETRL_TEST_HANG_SECONDS": "20"})
+    try:
+        wait_for(flag.exists, 120, "the envs to hang")
+        wait_for(lambda: "every worker is stalled" in log.read_text(), 30,
+                 "the learner to warn about the stall")
+        warned = time.time() - float(flag.read_text())
+        assert proc.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"\nevery worker hung 20 s: warned {warned:.1f} s after the hang began; stalled "
+          f"{summary['stalled_seconds']} s; verdict {summary['verdict']}: "
+          f"{summary['verdict_text']}")
+    assert warned < 20  # while it happened
+    assert summary["stalled_seconds"] >= 10
+    assert summary["verdict"] == "stalled", summary["verdict_text"]
+    assert "arrive again" in log.read_text()
+
+
+def _log_times(path: Path, pattern: str) -> list[float]:
+    """Wall times of the log lines matching `pattern` (asctime format)."""
+    import datetime
+
+    times = []
+    for line in path.read_text().splitlines():
+        if re.search(pattern, line):
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            times.append(stamp.timestamp())
+    return times
+
+
+def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(tmp_path: Path) -> None:
+    """SIGSTOP the learner for 8 s with keepalive 1 s + 2 s: each worker's stream ends
+    within that bound (it used to survive a 25 s freeze unnoticed: grpcio timed out the
+    server's keepalive pings after its general 60 s ping timeout), and on SIGCONT the
+    learner, whose own pings timed out meanwhile, reconnects with fresh weights and
+    credits; training goes on and nothing is trained twice."""
+    out = tmp_path / "frozen"
+    proc, log = start(out, "--workers", "2", "--envs-per-worker", "2", "--total-steps",
+                      "100000000", "--keepalive-time", "1", "--keepalive-timeout", "2")
+    worker_logs = [out / "launch" / "logs" / f"worker-{i}.log" for i in range(2)]
+    try:
+        wait_for(lambda: count(log, "streaming from worker") == 2 and step(out) > 0, 120,
+                 "training on both workers")
+        learner = processes_mentioning(str(out / "launch" / "learner.json"))[0]
+        os.kill(learner, signal.SIGSTOP)
+        frozen = time.time()
+        wait_for(lambda: time.time() > frozen + 8, 10, "8 s of freeze")
+        os.kill(learner, signal.SIGCONT)
+        thawed = time.time()
+        wait_for(lambda: count(log, "streaming from worker") >= 4, 60,
+                 "the learner to stream from both workers again")
+        rejoined = time.time() - thawed
+        at = step(out)
+        wait_for(lambda: step(out) > at + 2000, 60, "training to go on")
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    ended = [[round(t - frozen, 1) for t in _log_times(w, "stream ended without a Stop")]
+             for w in worker_logs]
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"\nlearner frozen 8 s: workers' streams ended {ended} s after SIGSTOP (keepalive "
+          f"1 s + 2 s); both streaming again {rejoined:.1f} s after SIGCONT; duplicates "
+          f"{summary['fragments_duplicate']}")
+    assert all(e and e[0] < 1 + 2 + 2 for e in ended), ended  # bound + log-time slack
+    assert rejoined < 10
+    assert summary["fragments_duplicate"] == 0
+    wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
