@@ -17,13 +17,16 @@ from tests.helpers import ROOT, processes_mentioning, wait_for
 
 
 def start(out: Path, *args: str, env: dict[str, str] | None = None):
-    out.mkdir(parents=True, exist_ok=True)
-    log = (out / "launcher.log").open("w")
+    """Start `hetrl local --out OUT`; its output goes to OUT.launcher.log beside OUT (a
+    file inside OUT would make hetrl refuse the directory as used)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.with_name(out.name + ".launcher.log")
+    log = path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetrl.launch", "local", "--out", str(out), "--no-progress", *args],
         cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, out / "launcher.log"
+    return proc, path
 
 
 def step(out: Path) -> int:
