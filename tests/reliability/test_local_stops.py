@@ -103,11 +103,6 @@ def test_sigterm_to_the_launcher_stops_gracefully_and_exits_0(tmp_path: Path) ->
     assert code == 0, log.read_text()[-3000:]
     assert summary["outcome"] == "stopped: signal SIGTERM"
     assert state["global_step"] == summary["global_step"]
-    # The worker lost for good is in the summary and the report, with what it held.
-    [lost] = summary["workers_lost"]
-    assert lost["worker_id"] == 1 and 0 <= lost["fragments_in_flight"] <= 2, lost
-    assert summary["fragments_lost_in_flight"] == lost["fragments_in_flight"]
-    assert "workers lost for good" in (out / "report" / "report.md").read_text()
     assert elapsed < 20
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
 
