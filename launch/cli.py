@@ -26,6 +26,10 @@ from hetrl.rollout.userpath import user_modules_importable
 
 
 def _local(settings: LocalSettings) -> int:
+    # The first line, before the heavy imports and the env check: what is starting.
+    print(f"hetrl local: {settings.env}, {settings.workers} workers x "
+          f"{settings.envs_per_worker} envs, {settings.total_steps:,} env steps, seed "
+          f"{settings.seed}; starting ...", file=sys.stderr, flush=True)
     from hetrl.launch.local import run_local
 
     result = run_local(settings)

@@ -14,6 +14,7 @@ SIGKILL after a grace) and the launcher exits non-zero.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import shutil
@@ -119,6 +120,9 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     elif overrides:
         settings = dataclasses.replace(settings, **overrides)
     describe_env(settings)  # fail here, before anything is spawned
+    if settings.track and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("--track logs to Weights & Biases: pip install 'hetrl[track]' "
+                          "(and wandb login, or WANDB_MODE=offline)")
     out = prepare_out_dir(settings)
     settings = dataclasses.replace(settings, out=str(out))
     if settings.instance_type:  # what the report prices this machine as

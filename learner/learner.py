@@ -16,6 +16,7 @@ the summary, and returns an exit code. It never spawns processes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -282,7 +283,10 @@ class Learner:
         s = self.settings
         self.out.mkdir(parents=True, exist_ok=True)
         write_atomic(self.out / "settings.json", to_json(s).encode())
-        metrics = MetricsWriter(self.out, progress=s.progress, wall_offset=self.wall_before)
+        track = ({"project": s.wandb_project, "entity": s.wandb_entity, "name": self.out.name}
+                 if s.track else None)
+        metrics = MetricsWriter(self.out, progress=s.progress, wall_offset=self.wall_before,
+                                settings=dataclasses.asdict(s), track=track)
         self._session_start = time.monotonic()
         for stream in self.streams:
             stream.start()
@@ -321,6 +325,9 @@ class Learner:
                 failed = True
             self.evals.final(self.policy, self.global_step)
             self.evals.forward(metrics)
+            metrics.final({"mean_return_100": float(np.mean(self.recent_returns))
+                           if self.recent_returns else None,
+                           "global_step": self.global_step})
             metrics.close()
         return EXIT_ERROR if failed else code
 
@@ -422,7 +429,8 @@ class Learner:
             stats["charts/mean_return_100"] = float(np.mean(self.recent_returns))
         metrics.log(self.global_step, stats)
         self.evals.after_update(self.policy, self.global_step, metrics)
-        metrics.progress(self._progress_line(stats))
+        metrics.progress(self.global_step, self.settings.total_steps, stats["charts/SPS"],
+                         self._progress_fields(stats))
 
     def _reject_nonfinite_update(self) -> None:
         """An update produced NaN/Inf weights: never push or checkpoint them. Fail fast,
@@ -437,13 +445,10 @@ class Learner:
         log.error("%s; restored version %d and dropped the batch", message, self.version)
         self.optimizer.state.clear()
 
-    def _progress_line(self, stats: dict[str, float]) -> str:
+    def _progress_fields(self, stats: dict[str, float]) -> dict[str, str]:
         mean = stats.get("charts/mean_return_100", float("nan"))
-        return (
-            f"step {self.global_step:>10,}/{self.settings.total_steps:,} | "
-            f"{stats['charts/SPS']:>7,.0f} SPS | return(100) {mean:8.1f} | "
-            f"lag {stats['charts/policy_lag']:.1f} | dropped {self.dropped_lag}"
-        )
+        return {"return(100)": f"{mean:.1f}", "lag": f"{stats['charts/policy_lag']:.1f}",
+                "dropped": str(self.dropped_lag)}
 
     # -- shutdown ------------------------------------------------------------------
     def _stop_workers(self, reason: str) -> list[str]:

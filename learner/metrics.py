@@ -69,10 +69,18 @@ class MetricsWriter:
     """Append-only metrics sink for one run directory."""
 
     def __init__(self, out_dir: Path, progress: bool = True, progress_every: float = 2.0,
-                 wall_offset: float = 0.0) -> None:
+                 wall_offset: float = 0.0, settings: dict | None = None,
+                 track: dict | None = None) -> None:
+        """Args:
+            settings: the run's settings, written to TensorBoard as text and hparams.
+            track: Weights & Biases project/entity/name (CleanRL's --track): the run's
+                TensorBoard scalars are mirrored there (wandb's sync_tensorboard).
+        """
         from torch.utils.tensorboard import SummaryWriter  # heavy import, learner only
 
         out_dir.mkdir(parents=True, exist_ok=True)
+        self._settings = dict(settings or {})
+        self._wandb = _start_wandb(track, self._settings, out_dir) if track else None
         self._jsonl_path, self._tb_path = out_dir / "metrics.jsonl", out_dir / "tb"
         self._jsonl = None
         self._tb = None
@@ -83,6 +91,8 @@ class MetricsWriter:
         try:
             self._tb = SummaryWriter(str(self._tb_path))
             _quiet_tensorboard_thread()
+            if self._settings:
+                self._tb.add_text("settings", _markdown_table(self._settings))
         except Exception as exc:
             self._give_up("_tb", self._tb_path, exc)
         self._start = time.monotonic()
@@ -91,6 +101,7 @@ class MetricsWriter:
         self._progress_every = progress_every
         self._last_progress = 0.0
         self._tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
+        self._bar = None  # a tqdm bar on a terminal, made at the first progress call
 
     def _give_up(self, sink: str, path: Path, exc: BaseException) -> None:
         """Drop one sink for the rest of the run, with one warning."""
@@ -132,21 +143,45 @@ class MetricsWriter:
             except OSError as exc:
                 self._give_up("_jsonl", self._jsonl_path, exc)
 
-    def progress(self, line: str) -> None:
-        """Rewrite the progress line on a terminal, print it every few seconds otherwise."""
+    def progress(self, step: int, total: int, rate: float, fields: dict[str, str]) -> None:
+        """Show progress: a tqdm bar (percent, steps/s, ETA, `fields`) on a terminal, a
+        line every few seconds with the same figures otherwise (logs, CI)."""
         if not self._progress:
+            return
+        if self._tty:
+            if self._bar is None:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, initial=0, unit="step", unit_scale=True,
+                                 dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
+            self._bar.update(max(0, min(step, total) - self._bar.n))
+            self._bar.set_postfix(fields, refresh=False)
             return
         now = time.monotonic()
         if now - self._last_progress < self._progress_every:
             return
         self._last_progress = now
-        end = "\r" if self._tty else "\n"
-        sys.stderr.write(line.ljust(100 if self._tty else 0) + end)
+        eta = (total - step) / rate if rate > 0 and step < total else 0.0
+        extra = " | ".join(f"{k} {v}" for k, v in fields.items())
+        sys.stderr.write(f"step {step:>10,}/{total:,} ({min(step / total, 1):5.1%}) | "
+                         f"{rate:>7,.0f} SPS | ETA {_clock(eta)} | {extra}\n")
         sys.stderr.flush()
 
+    def final(self, values: dict[str, float]) -> None:
+        """The run's settings against its final figures, as TensorBoard hparams."""
+        if self._tb is None or not self._settings:
+            return
+        metrics = {f"hparams/{k}": float(v) for k, v in values.items() if v is not None}
+        try:
+            self._tb.add_hparams(_hparams(self._settings), metrics, run_name=".")
+        except Exception as exc:
+            self._give_up("_tb", self._tb_path, exc)
+
     def close(self) -> None:
-        if self._progress and self._tty and self._last_progress:
-            sys.stderr.write("\n")  # leave the rewritten progress line behind
+        if self._bar is not None:
+            self._bar.close()
+        if self._wandb is not None:
+            self._wandb.finish()
         for sink, path in (("_tb", self._tb_path), ("_jsonl", self._jsonl_path)):
             handle = getattr(self, sink)
             if handle is None:
@@ -173,3 +208,38 @@ def _quiet_tensorboard_thread() -> None:
 
     hook._hetrl_quiet_tb = True  # type: ignore[attr-defined]
     threading.excepthook = hook
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+def _markdown_table(settings: dict) -> str:
+    rows = "\n".join(f"| {k} | {v} |" for k, v in sorted(settings.items()))
+    return f"| setting | value |\n|---|---|\n{rows}"
+
+
+def _hparams(settings: dict) -> dict:
+    """Settings as TensorBoard takes hparams: numbers, strings and bools only."""
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v)
+            for k, v in settings.items()}
+
+
+def _start_wandb(track: dict, settings: dict, out_dir: Path):
+    """wandb.init before the TensorBoard writer exists, so that its scalars are synced.
+
+    Raises:
+        ConfigError: wandb is not installed.
+    """
+    try:
+        import wandb
+    except ImportError as exc:
+        from hetrl.rollout.errors import ConfigError
+
+        raise ConfigError("--track logs to Weights & Biases: pip install 'hetrl[track]' "
+                          "(and wandb login, or WANDB_MODE=offline)") from exc
+    return wandb.init(project=track.get("project") or "hetrl", entity=track.get("entity") or None,
+                      name=track.get("name") or out_dir.name, config=settings,
+                      dir=str(out_dir), sync_tensorboard=True)

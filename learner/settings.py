@@ -107,7 +107,15 @@ class OutputSettings:
     runs/<env>__seed<seed>__<date-time> for every run. A run refuses a directory that holds
     files unless --resume (continue it) or --overwrite (start it again) is given."""
     progress: bool = True
-    """Print a live progress line."""
+    """Show progress: a bar with percent, steps/s, ETA, return and lag on a terminal, a
+    line every few seconds otherwise."""
+    track: bool = False
+    """Also log to Weights & Biases (CleanRL's --track; pip install 'hetrl[track]'); the
+    run is named after its output directory."""
+    wandb_project: str = "hetrl"
+    """Weights & Biases project (with --track)."""
+    wandb_entity: str = ""
+    """Weights & Biases entity (team or user; empty: your default)."""
 
     def __post_init__(self) -> None:
         _chain_post_init(self, OutputSettings)

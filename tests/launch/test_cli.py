@@ -108,3 +108,14 @@ def test_config_file_sets_defaults_and_flags_override(tmp_path: Path) -> None:
     proc = hetrl("local", "--config", str(tmp_path / "bad.yaml"))
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "did you mean learning_rate" in output, output
+
+
+def test_track_without_wandb_says_how_to_get_it(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    proc = hetrl("local", "--track", "--out", str(tmp_path / "run"), "--total-steps", "100")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "pip install 'hetrl[track]'" in output, output
+    assert not (tmp_path / "run" / "launch").exists()

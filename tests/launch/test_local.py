@@ -37,7 +37,14 @@ def test_cli_run_learns_and_leaves_nothing_behind(tmp_path: Path) -> None:
                  "losses/explained_variance", "charts/policy_lag"):
         assert any(name in r for r in records), name
     assert list((out / "tb").glob("events.out.tfevents.*"))
-    assert "step" in output and "SPS" in output  # the progress line
+    assert "step" in output and "SPS" in output and "ETA" in output  # the progress line
+    assert output.lstrip().startswith("hetrl local: CartPole-v1, 2 workers x 8 envs")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    assert "settings/text_summary" in events.Tags()["tensors"]  # the run's settings
+
     # The saved model loads into a fresh policy (safetensors, no pickle).
     env = gym.make("CartPole-v1")
     policy = Policy(env.observation_space, env.action_space, PolicySettings())
