@@ -274,9 +274,9 @@ def measure(model: str, workers: int, s: Settings) -> dict:
     }
 
 
-def update_ceiling(model: str, fragments: int, device: torch.device, s: Settings) -> dict:
-    """ppo_update alone on a batch of `fragments` fragments already on `device`."""
-    from hetrl.learner.ppo import Batch, ppo_update
+def _update_setup(model: str, count: int, device: torch.device, s: Settings):
+    """What timing one update needs: settings, the policy and its optimizer on `device`
+    (as the learner builds them), `count` synthetic fragments, and the spaces."""
     from hetrl.learner.settings import TrainSettings
     from hetrl.rollout.policy import Policy
     from hetrl.rollout.settings import PolicySettings
@@ -290,7 +290,15 @@ def update_ceiling(model: str, fragments: int, device: torch.device, s: Settings
     rng = np.random.default_rng(s.seed)
     lt = learner_throughput.Settings(fragment_length=s.fragment_length,
                                      envs_per_worker=s.envs_per_worker)
-    frags = learner_throughput.fragments(obs_space, act_space, lt, fragments, rng)
+    frags = learner_throughput.fragments(obs_space, act_space, lt, count, rng)
+    return cfg, policy, optimizer, frags, (obs_space, act_space)
+
+
+def update_ceiling(model: str, fragments: int, device: torch.device, s: Settings) -> dict:
+    """ppo_update alone on a batch of `fragments` fragments already on `device`."""
+    from hetrl.learner.ppo import Batch, ppo_update
+
+    cfg, policy, optimizer, frags, _ = _update_setup(model, fragments, device, s)
 
     def stack(name: str) -> torch.Tensor:
         return torch.from_numpy(np.concatenate([f[name] for f in frags], axis=1)).to(device)
@@ -320,26 +328,15 @@ def gil_probe(model: str, s: Settings, repeats: int = 6, per_update: int = 2) ->
     stream thread does) and copies them into a batch buffer (as the batcher does): the
     ingest work of the next batch, overlapping this one's update as in the learner.
     Interleaved, fastest of `repeats` each."""
+    from hetrl.learner.learner import resolve_device
     from hetrl.learner.ppo import Batch, ppo_update
-    from hetrl.learner.settings import TrainSettings
     from hetrl.protos import hetrl_pb2
     from hetrl.rollout import fragments
     from hetrl.rollout.collector import FragmentArrays
-    from hetrl.rollout.policy import Policy
-    from hetrl.rollout.settings import PolicySettings
 
-    obs_space, act_space, net = learner_throughput.MODELS[model]
-    torch.manual_seed(s.seed)
-    cfg = TrainSettings()
-    device = torch.device("cuda" if s.device == "auto" and torch.cuda.is_available()
-                          else "cpu" if s.device == "auto" else s.device)
-    policy = Policy(obs_space, act_space, PolicySettings(policy=net)).to(device)
-    fused = {"fused": True} if device.type == "cuda" else {}
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5, **fused)
-    rng = np.random.default_rng(s.seed)
-    lt = learner_throughput.Settings(fragment_length=s.fragment_length,
-                                     envs_per_worker=s.envs_per_worker)
-    frags = learner_throughput.fragments(obs_space, act_space, lt, per_update, rng)
+    device = resolve_device(s.device)
+    cfg, policy, optimizer, frags, (obs_space, act_space) = _update_setup(
+        model, per_update, device, s)
     batch = Batch(**{
         {"observations": "obs"}.get(k, k): torch.from_numpy(np.concatenate(
             [f[k] for f in frags], axis=1)).to(device) for k in frags[0]})

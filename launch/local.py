@@ -37,10 +37,11 @@ from hetrl.launch.processes import (
     wait_ready_file,
 )
 from hetrl.launch.settings import LocalSettings
+from hetrl.learner.metrics import TRACK_NEEDS
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import ChildFailedError, ConfigError
-from hetrl.rollout.settings import EvaluatorSettings, WorkerSettings, pick
+from hetrl.rollout.settings import SNAPSHOT_GLOB, EvaluatorSettings, WorkerSettings, pick
 from hetrl.rollout.transport import new_token
 
 log = logging.getLogger("hetrl.launch")
@@ -121,8 +122,7 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
         settings = dataclasses.replace(settings, **overrides)
     describe_env(settings)  # fail here, before anything is spawned
     if settings.track and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("--track logs to Weights & Biases: pip install 'hetrl[track]' "
-                          "(and wandb login, or WANDB_MODE=offline)")
+        raise ConfigError(TRACK_NEEDS)
     out = prepare_out_dir(settings)
     settings = dataclasses.replace(settings, out=str(out))
     if settings.instance_type:  # what the report prices this machine as
@@ -186,7 +186,7 @@ def _finish_evaluations(evaluator: Child, folder: Path, timeout: float) -> None:
     report shows how the final policy does; then it is stopped like every child."""
     deadline = time.monotonic() + timeout
     while (time.monotonic() < deadline and evaluator.exit_code() is None
-           and any(folder.glob("step-*.safetensors"))):
+           and any(folder.glob(SNAPSHOT_GLOB))):
         time.sleep(0.1)
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from safetensors.numpy import save_file
 
 from hetrl.learner.metrics import MetricsWriter
-from hetrl.rollout.evaluate import RESULTS_FILE, SNAPSHOT_GLOB, model_metadata
+from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.policy import policy_arrays
+from hetrl.rollout.settings import RESULTS_FILE, SNAPSHOT_GLOB
 
 log = logging.getLogger("hetrl.learner")
 

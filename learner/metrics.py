@@ -19,6 +19,9 @@ from pathlib import Path
 
 log = logging.getLogger("hetrl.metrics")
 
+TRACK_NEEDS = ("--track logs to Weights & Biases: pip install 'hetrl[track]' (and wandb "
+               "login, or WANDB_MODE=offline)")
+
 
 class StallWatch:
     """Notices when no fragment arrives from any worker for `threshold` seconds while the
@@ -238,8 +241,7 @@ def _start_wandb(track: dict, settings: dict, out_dir: Path):
     except ImportError as exc:
         from hetrl.rollout.errors import ConfigError
 
-        raise ConfigError("--track logs to Weights & Biases: pip install 'hetrl[track]' "
-                          "(and wandb login, or WANDB_MODE=offline)") from exc
+        raise ConfigError(TRACK_NEEDS) from exc
     return wandb.init(project=track.get("project") or "hetrl", entity=track.get("entity") or None,
                       name=track.get("name") or out_dir.name, config=settings,
                       dir=str(out_dir), sync_tensorboard=True)

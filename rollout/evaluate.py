@@ -26,15 +26,19 @@ from hetrl.rollout.envs import describe_env, env_spec
 from hetrl.rollout.errors import ConfigError, HetrlError
 from hetrl.rollout.lifetime import die_with_parent
 from hetrl.rollout.policy import Policy, load_policy_arrays
-from hetrl.rollout.settings import EnvSettings, EvaluatorSettings, PolicySettings
+from hetrl.rollout.settings import (
+    RESULTS_FILE,
+    SNAPSHOT_GLOB,
+    EnvSettings,
+    EvaluatorSettings,
+    PolicySettings,
+)
 from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.evaluate")
 
 MODEL_FILE = "model.safetensors"
 SETTINGS_KEY = "settings"  # safetensors metadata: the env and policy settings, as JSON
-SNAPSHOT_GLOB = "step-*.safetensors"  # periodic evaluation: what the learner leaves
-RESULTS_FILE = "results.jsonl"  # and what the evaluator appends, one line per evaluation
 
 
 def model_metadata(settings: object) -> dict[str, str]:

@@ -152,6 +152,10 @@ class WorkerSettings(EnvSettings, PolicySettings, RolloutSettings, ReliabilitySe
         _chain_post_init(self, WorkerSettings)
 
 
+SNAPSHOT_GLOB = "step-*.safetensors"  # periodic evaluation: what the learner leaves
+RESULTS_FILE = "results.jsonl"  # and what the evaluator appends, one line per evaluation
+
+
 @dataclasses.dataclass
 class EvaluatorSettings:
     """The evaluator process: plays every new policy snapshot the learner leaves in
