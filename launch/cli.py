@@ -13,6 +13,7 @@ from typing import Any
 
 import tyro
 
+from hetrl.launch import flags
 from hetrl.launch.cluster import settings_overrides
 from hetrl.launch.emulate import EmulateSettings
 from hetrl.launch.jobs import FetchSettings
@@ -199,8 +200,8 @@ def _main(args: list[str]) -> int:
         try:
             config, rest = _split_config(args[1:])
             default = cls(**config_values(config, cls)) if config else None
-            settings = tyro.cli(cls, args=rest, prog=f"hetrl {name}", default=default,
-                                description=f"{cls.__doc__}\n\n{CONFIG_HELP}")
+            settings = flags.parse(cls, rest, prog=f"hetrl {name}", default=default,
+                                   description=f"{cls.__doc__}\n\n{CONFIG_HELP}")
             return run(settings)
         except HetrlError as exc:
             print(f"hetrl {name}: error: {exc}\n(hetrl {name} --help lists every flag)",

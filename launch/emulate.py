@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 from hetrl.launch.cluster import HOST_MAP_ENV
 from hetrl.launch.processes import PYTHON, Child, child_environment, spawn_command, stop_all
@@ -39,6 +39,8 @@ _NOT_HYPERPARAMETERS = {"out", "progress", "control_port", "worker_base_port"}
 @dataclasses.dataclass
 class EmulateSettings(ClusterSettings):
     """`hetrl emulate`: run a heterogeneous job's hosts as processes on this machine."""
+
+    hidden_flags: ClassVar[tuple[str, ...]] = ()  # --out: where the emulated hosts live
 
     env_hosts: int = 2
     """Emulated env hosts (the env group's instance count)."""

@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 
+from hetrl.launch import flags
 from hetrl.launch.cluster import ClusterView, read_cluster, settings_overrides
 from hetrl.launch.settings import ClusterSettings, LocalSettings
 from hetrl.rollout.errors import ConfigError, HetrlError
@@ -41,9 +42,8 @@ def settings_for(cluster: ClusterView, argv: list[str]) -> ClusterSettings:
         raise ConfigError(f"hyperparameters: {exc}") from exc
     if not argv:
         return base
-    import tyro
-
-    return tyro.cli(ClusterSettings, default=base, args=argv, prog="hetrl launch")
+    return flags.parse(ClusterSettings, argv, prog="hetrl launch", default=base,
+                       description=ClusterSettings.__doc__ or "")
 
 
 def run_host(settings: ClusterSettings, cluster: ClusterView) -> int:

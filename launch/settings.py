@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import tyro
 
@@ -73,6 +73,8 @@ class ClusterSettings(
     """`hetrl launch`: the one entry point of every host of a SageMaker (or emulated) job.
 
     The job's hyperparameters map onto these fields (same names as the flags)."""
+
+    hidden_flags: ClassVar[tuple[str, ...]] = ("out",)  # a job writes into its model dir
 
     env_groups: tuple[str, ...] = ("env_group",)
     """Instance groups whose hosts run rollout workers (more than one is allowed)."""

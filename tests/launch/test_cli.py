@@ -119,3 +119,65 @@ def test_track_without_wandb_says_how_to_get_it(tmp_path: Path) -> None:
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "pip install 'hetrl[track]'" in output, output
     assert not (tmp_path / "run" / "launch").exists()
+
+
+def _sections_in_help(output: str) -> list[str]:
+    return re.findall(r"─ ([a-z]+) options ─", output)
+
+
+def _flags_in_section(output: str, section: str) -> list[str]:
+    box = output.split(f"─ {section} options ─", 1)[1].split("╰", 1)[0]
+    return re.findall(r"^│ (--[a-z0-9-]+)", box, flags=re.MULTILINE)
+
+
+def test_help_lists_the_env_and_the_run_first_then_the_rest_by_topic() -> None:
+    proc = hetrl("local", "--help")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    assert _sections_in_help(output) == [
+        "env", "run", "algorithm", "policy", "rollout", "evaluation",
+        "checkpoints", "output", "reliability"]
+    assert _flags_in_section(output, "env")[:2] == ["--env", "--env-import"]
+    assert "--workers" in _flags_in_section(output, "run")
+    assert "--learning-rate" in _flags_in_section(output, "algorithm")
+    assert "--keepalive-time" in _flags_in_section(output, "reliability")
+
+
+def test_submit_help_puts_the_aws_flags_after_the_env_and_hides_what_a_job_ignores() -> None:
+    proc = hetrl("submit", "--help")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    assert _sections_in_help(output)[:2] == ["env", "submit"]
+    assert {"--role", "--region", "--output"} <= set(_flags_in_section(output, "submit"))
+    assert "--out " not in output  # a job writes into its model directory, whatever --out says
+    assert "--control-port" in _flags_in_section(output, "cluster")
+
+
+@pytest.mark.parametrize("command", ["local", "emulate", "launch", "worker"])
+def test_every_setting_is_still_a_flag_of_the_same_name(command: str) -> None:
+    """Sections change the help only: each field parses from its own flag, as before."""
+    import dataclasses
+
+    from hetrl.launch import flags
+    from hetrl.launch.cli import COMMANDS
+
+    cls = COMMANDS[command][0]
+    default = cls()
+    hidden = set(getattr(cls, "hidden_flags", ()))
+    for field in dataclasses.fields(cls):
+        if field.name in hidden:
+            continue
+        value = getattr(default, field.name)
+        if isinstance(value, bool):
+            args, changed = [f"--{'no-' if value else ''}{field.name.replace('_', '-')}"], not value
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            changed = value + 1
+            args = [f"--{field.name.replace('_', '-')}", str(changed)]
+        else:
+            continue
+        try:
+            parsed = flags.parse(cls, args, prog="t", description="")
+        except ConfigError:
+            continue  # the changed value breaks a check (e.g. a port range): fine here
+        assert getattr(parsed, field.name) == changed, field.name
+        assert dataclasses.replace(parsed, **{field.name: value}) == default, field.name
