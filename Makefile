@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine:
 #   make train   creates .venv, installs hetrl (the core package only), trains CartPole-v1
-#   make test    also installs the extras (SageMaker SDK, MuJoCo, Atari, video, test tools),
+#   make test    also installs the extras (SageMaker SDK, MuJoCo, Atari, video, W&B, test tools),
 #                then runs lint and the tests
 #
 # torch: TORCH pins the CPU build this project is developed against. Where plain PyPI would
@@ -28,7 +28,7 @@ $(VENV)/.core: pyproject.toml
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.core
-	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,sagemaker,mujoco,atari,bench,video]'
+	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,sagemaker,mujoco,atari,bench,video,track]'
 	touch $@
 
 setup: $(VENV)/.installed

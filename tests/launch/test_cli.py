@@ -111,14 +111,35 @@ def test_config_file_sets_defaults_and_flags_override(tmp_path: Path) -> None:
 
 
 def test_track_without_wandb_says_how_to_get_it(tmp_path: Path) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("wandb") is not None:
-        pytest.skip("wandb is installed here")
-    proc = hetrl("local", "--track", "--out", str(tmp_path / "run"), "--total-steps", "100")
+    # As if wandb were not installed: None in sys.modules makes its import fail.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.modules['wandb'] = None; "
+         "from hetrl.launch.cli import main; sys.exit(main())",
+         "local", "--track", "--out", str(tmp_path / "run"), "--total-steps", "100"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "pip install 'hetrl[track]'" in output, output
     assert not (tmp_path / "run" / "launch").exists()
+
+
+def test_track_logs_settings_and_charts_to_weights_and_biases(tmp_path: Path) -> None:
+    """A real wandb run in offline mode (it writes its records locally, sends nothing)."""
+    pytest.importorskip("wandb", reason="hetrl[track] is not installed")
+    out = tmp_path / "tracked-run"
+    wandb_env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+                 **{name: str(tmp_path / "wandb-home") for name in
+                    ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")}}
+    proc = hetrl("local", "--track", "--wandb-project", "hetrl-test", "--out", str(out),
+                 "--total-steps", "4096", "--workers", "1", "--envs-per-worker", "4",
+                 "--fragment-length", "32", "--no-progress", env=wandb_env)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    records = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(records) == 1, list((out / "wandb").rglob("*"))
+    data = records[0].read_bytes()
+    for expected in (b"hetrl-test", b"tracked-run", b"CartPole-v1", b"learning_rate",
+                     b"charts/mean_return_100"):
+        assert expected in data, expected
 
 
 def _sections_in_help(output: str) -> list[str]:
