@@ -14,8 +14,8 @@ from typing import Any
 import tyro
 
 from hetrl.launch import flags
-from hetrl.launch.cluster import settings_overrides
 from hetrl.launch.emulate import EmulateSettings
+from hetrl.launch.hyperparameters import from_hyperparameters
 from hetrl.launch.jobs import FetchSettings
 from hetrl.launch.plan import PlanSettings
 from hetrl.launch.settings import ClusterSettings, EnjoySettings, LocalSettings, ReportSettings
@@ -182,7 +182,7 @@ def config_values(path: str, cls: type) -> dict[str, Any]:
         values.pop("out")  # the previous run's own directory
     values = {k.replace("-", "_"): v for k, v in values.items()}
     values = {k: v for k, v in values.items() if k in own or k not in known}
-    return settings_overrides(values, cls)
+    return from_hyperparameters(values, cls, what="setting")
 
 
 def _main(args: list[str]) -> int:

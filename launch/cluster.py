@@ -5,9 +5,8 @@
 uses the `current_instance_group` property, never `get_current_instance_group()`, which
 raises KeyError on real configs, and never the SM_*GROUP* variables, which the v3 SDK
 leaves unset. Where the toolkit is not installed (an sdist needing gcc, so absent from
-custom images), `read_cluster_files` reads the same two files the same way.
-`settings_overrides` maps the job's hyperparameters onto ClusterSettings with a clear
-error for unknown or malformed ones. `resolve` turns a
+custom images), `read_cluster_files` reads the same two files the same way
+(launch/hyperparameters.py turns the hyperparameters into settings). `resolve` turns a
 host name into an address, retrying because names resolve late in a fresh cluster.
 No processes are started here (but nvidia-smi, to count GPUs without the toolkit).
 """
@@ -15,15 +14,12 @@ No processes are started here (but nvidia-smi, to count GPUs without the toolkit
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import socket
 import time
-import types
-import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hetrl.rollout.errors import ConfigError
 
@@ -173,77 +169,6 @@ def _count_gpus() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(line.startswith("GPU ") for line in listing.splitlines())
-
-
-def _convert(key: str, raw: Any, kind: Any) -> Any:
-    """Convert one hyperparameter (already JSON-decoded where it could be) to `kind`."""
-    origin = typing.get_origin(kind)
-    try:
-        if kind is bool:
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in ("true", "1", "yes"):
-                return True
-            if text in ("false", "0", "no"):
-                return False
-            raise ValueError("expected true or false")
-        if kind is int:
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError("expected an integer")
-            return int(raw)
-        if kind is float:
-            if isinstance(raw, bool):
-                raise ValueError("expected a number")
-            return float(raw)
-        if kind is str:
-            return raw if isinstance(raw, str) else json.dumps(raw)
-        if origin is Literal:
-            if raw not in typing.get_args(kind):
-                raise ValueError(f"expected one of {typing.get_args(kind)}")
-            return raw
-        if origin in (typing.Union, types.UnionType):  # e.g. int | Literal["auto"]
-            errors = []
-            for option in typing.get_args(kind):
-                try:
-                    return _convert(key, raw, option)
-                except ConfigError as exc:
-                    errors.append(str(exc).split(" is malformed: ", 1)[-1])
-            raise ValueError("; ".join(errors))
-        if origin is tuple:
-            item_kind = typing.get_args(kind)[0]
-            if isinstance(raw, str):
-                raw = json.loads(raw) if raw.strip().startswith("[") else raw.split(",")
-            if not isinstance(raw, list):
-                raw = [raw]
-            return tuple(_convert(key, item, item_kind) for item in raw)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"hyperparameter {key}={raw!r} is malformed: {exc}") from exc
-    raise ConfigError(f"hyperparameter {key}: unsupported type {kind}")
-
-
-def settings_overrides(hyperparameters: dict[str, Any], cls: type) -> dict[str, Any]:
-    """Map job hyperparameters onto field values of the settings class `cls`.
-
-    Keys may use underscores or dashes (`total_steps`, `total-steps`); SageMaker's own
-    `sagemaker_*` keys are ignored.
-
-    Raises:
-        ConfigError: an unknown key (with the nearest known names) or a malformed value.
-    """
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    for key, raw in hyperparameters.items():
-        if key.startswith("sagemaker_"):
-            continue
-        name = key.replace("-", "_")
-        if name not in names:
-            near = difflib.get_close_matches(name, sorted(names), n=3)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise ConfigError(f"unknown hyperparameter {key!r}{hint}")
-        values[name] = _convert(key, raw, hints[name])
-    return values
 
 
 def parse_host_map(text: str) -> dict[str, str]:

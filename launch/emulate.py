@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
 from hetrl.launch.cluster import HOST_MAP_ENV
+from hetrl.launch.hyperparameters import to_hyperparameters
 from hetrl.launch.processes import PYTHON, Child, child_environment, spawn_command, stop_all
 from hetrl.launch.settings import ClusterSettings
 from hetrl.rollout.errors import ConfigError
@@ -104,19 +105,6 @@ def _free_port_block(addresses: list[str], size: int) -> int:
     raise ConfigError("no free block of ports on the emulated loopback addresses")
 
 
-def _hyperparameters(settings: EmulateSettings, overrides: dict[str, Any]) -> dict[str, str]:
-    """Non-default job settings, JSON-encoded as SageMaker stores them."""
-    defaults = ClusterSettings()
-    values = {}
-    for field in dataclasses.fields(ClusterSettings):
-        value = getattr(settings, field.name)
-        if field.name in _NOT_HYPERPARAMETERS or value == getattr(defaults, field.name):
-            continue
-        values[field.name] = value
-    values.update(overrides)
-    return {k: json.dumps(list(v) if isinstance(v, tuple) else v) for k, v in values.items()}
-
-
 def build_trees(settings: EmulateSettings, root: Path) -> tuple[str, list[str], dict[str, str]]:
     """Write every host's SageMaker tree under root/hosts; return (learner, env hosts,
     host map)."""
@@ -125,13 +113,14 @@ def build_trees(settings: EmulateSettings, root: Path) -> tuple[str, list[str], 
     host_map = {h: f"127.0.0.{h.split('-')[1]}" for h in all_hosts}
     base_port = _free_port_block(list(host_map.values()), settings.workers_per_env_host + 1)
     checkpoint_dir = settings.checkpoint_dir or str(root / "hosts" / learner / "checkpoints")
-    hyperparameters = _hyperparameters(settings, {
+    hyperparameters = to_hyperparameters(settings, leave_out=_NOT_HYPERPARAMETERS)
+    hyperparameters.update({key: json.dumps(value) for key, value in {
         "control_port": base_port,
         "worker_base_port": base_port + 1,
         "checkpoint_dir": checkpoint_dir,
         "env_groups": list(settings.env_groups),
         "learner_group": settings.learner_group,
-    })
+    }.items()})
     env_group = settings.env_groups[0]
     groups = [
         {"instance_group_name": env_group, "instance_type": settings.env_type, "hosts": env_hosts},

@@ -21,7 +21,8 @@ import os
 import sys
 
 from hetrl.launch import flags
-from hetrl.launch.cluster import ClusterView, read_cluster, settings_overrides
+from hetrl.launch.cluster import ClusterView, read_cluster
+from hetrl.launch.hyperparameters import from_hyperparameters
 from hetrl.launch.settings import ClusterSettings, LocalSettings
 from hetrl.rollout.errors import ConfigError, HetrlError
 from hetrl.rollout.lifetime import catch_stop_early, die_with_parent
@@ -37,7 +38,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 def settings_for(cluster: ClusterView, argv: list[str]) -> ClusterSettings:
     """Hyperparameters of the job over the defaults, then command-line flags over both."""
     try:
-        base = ClusterSettings(**settings_overrides(cluster.hyperparameters, ClusterSettings))
+        base = ClusterSettings(**from_hyperparameters(cluster.hyperparameters, ClusterSettings))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"hyperparameters: {exc}") from exc
     if not argv:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetrl.launch.hyperparameters import check_names
 from hetrl.launch.processes import (
     MAX_WORKER_RESTARTS,
     WORKER_EXIT_UNHEALTHY,
@@ -115,7 +116,7 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     """
     if "env" in overrides:
         overrides["env"] = _env_name(overrides["env"])
-    _check_keywords(overrides)
+    check_names(overrides, LocalSettings, "run_local setting")
     if settings is None:
         settings = LocalSettings(**overrides)
     elif overrides:
@@ -188,19 +189,6 @@ def _finish_evaluations(evaluator: Child, folder: Path, timeout: float) -> None:
     while (time.monotonic() < deadline and evaluator.exit_code() is None
            and any(folder.glob(SNAPSHOT_GLOB))):
         time.sleep(0.1)
-
-
-def _check_keywords(overrides: dict[str, Any]) -> None:
-    """Refuse keywords that are not LocalSettings fields, naming the nearest ones."""
-    import difflib
-
-    names = sorted(f.name for f in dataclasses.fields(LocalSettings))
-    for key in overrides:
-        if key not in names:
-            near = difflib.get_close_matches(key, names, n=3)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise ConfigError(f"run_local: unknown setting {key!r}{hint} (LocalSettings "
-                              "lists them all)")
 
 
 def _supervise(settings: LocalSettings, run_dir: Path) -> int:

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hetrl.launch.hyperparameters import to_hyperparameters
 from hetrl.launch.settings import ClusterSettings
 from hetrl.rollout.errors import ConfigError
 from hetrl.rollout.settings import _chain_post_init, require
@@ -168,32 +169,6 @@ class SubmitSettings(ClusterSettings):
         return self.max_wait or 2 * self.max_run
 
 
-def hyperparameters(settings: ClusterSettings) -> dict[str, str]:
-    """Each ClusterSettings field that differs from its default, as name -> JSON value
-    (tuples as lists); the host entry point parses them back into ClusterSettings.
-
-    Raises:
-        ConfigError: more than 100 of them, or one over 2500 characters (the API's limits).
-    """
-    values = {}
-    for field in dataclasses.fields(ClusterSettings):
-        default = (field.default if field.default is not dataclasses.MISSING
-                   else field.default_factory())  # type: ignore[misc]
-        value = getattr(settings, field.name)
-        if value != default:
-            values[field.name] = json.dumps(value)
-    require(len(values) <= 100, f"{len(values)} settings differ from their defaults; a job "
-            "takes at most 100 hyperparameters")
-    for key, value in values.items():
-        flag = f"--{key.replace('_', '-')}"
-        require(len(value) <= 2500, f"{flag} is too long for a hyperparameter (2500 characters)")
-        # sm_train.sh sources `export SM_HP_KEY='value'` under `set -e`: a quote ends the
-        # string there and every host would fail before hetrl starts.
-        require("'" not in value, f"{flag} {value} contains a ' (single quote), which "
-                "SageMaker's sm_train.sh cannot pass on: remove it")
-    return values
-
-
 # Env ids whose simulator is an optional gymnasium extra, and requirement names that
 # install it (a line naming one of them, e.g. gymnasium[mujoco]>=1.0 or ale-py).
 _ENV_EXTRAS = {
@@ -223,7 +198,7 @@ def check_on_aws_terms(settings: SubmitSettings) -> list[str]:
             near = difflib.get_close_matches(value, sorted(offered), n=3)
             raise ConfigError(f"{flag} {value} is not a SageMaker training instance type"
                               + (f"; did you mean {', '.join(near)}?" if near else ""))
-    hyperparameters(settings)  # raises on a ' or an over-long value
+    to_hyperparameters(settings)  # raises on a ' or an over-long value
     minimum = MIN_VOLUME_GB if not settings.image else 1
     require(settings.volume_size_gb >= minimum,
             f"--volume-size-gb {settings.volume_size_gb} is too small: the AWS PyTorch "
@@ -432,7 +407,7 @@ def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any,
         # a new job never resumes from an older job's checkpoints by accident.
         checkpoint_config=configs.CheckpointConfig(s3_uri=settings.checkpoint_s3 or None,
                                                    local_path=settings.checkpoint_dir),
-        hyperparameters=hyperparameters(settings),
+        hyperparameters=to_hyperparameters(settings),
         # Visible in clear to whoever may DescribeTrainingJob; hosts mask it in their logs.
         environment={"HETRL_TOKEN": token or secrets.token_urlsafe(32)},
     )

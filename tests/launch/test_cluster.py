@@ -12,9 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hetrl.launch.cluster import parse_host_map, resolve, settings_overrides
+from hetrl.launch.cluster import parse_host_map, resolve
 from hetrl.launch.env_host import HostControl
-from hetrl.launch.settings import ClusterSettings
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout.errors import ConfigError
 from hetrl.rollout.transport import auth_metadata, create_channel, create_server
@@ -130,33 +129,6 @@ def test_without_the_toolkit_a_missing_config_is_a_clear_error(tmp_path: Path) -
     result = run_host(tmp_path, toolkit=False)
     assert result.returncode == 2
     assert "cannot read the SageMaker config under" in result.stderr
-
-
-def test_hyperparameters_map_onto_settings() -> None:
-    values = settings_overrides({
-        "total_steps": 5000, "learning-rate": "0.0003", "anneal_lr": "false",
-        "hidden_sizes": "[32, 32]", "env_groups": "cpu_a,cpu_b", "vector_mode": "sync",
-        "env": "CartPole-v1", "sagemaker_program": "launcher.py",
-    }, ClusterSettings)
-    settings = ClusterSettings(**values)
-    assert settings.total_steps == 5000 and settings.learning_rate == pytest.approx(3e-4)
-    assert settings.anneal_lr is False and settings.hidden_sizes == (32, 32)
-    assert settings.env_groups == ("cpu_a", "cpu_b") and settings.vector_mode == "sync"
-
-
-@pytest.mark.parametrize(
-    "hyperparameters, match",
-    [
-        ({"total_step": 5}, "unknown hyperparameter 'total_step'; did you mean total_steps"),
-        ({"total_steps": "many"}, "total_steps='many' is malformed"),
-        ({"total_steps": 1.5}, "expected an integer"),
-        ({"anneal_lr": "maybe"}, "expected true or false"),
-        ({"vector_mode": "turbo"}, "expected one of"),
-    ],
-)
-def test_bad_hyperparameters_are_clear_errors(hyperparameters: dict, match: str) -> None:
-    with pytest.raises(ConfigError, match=match):
-        settings_overrides(hyperparameters, ClusterSettings)
 
 
 def test_host_map_and_resolve() -> None:

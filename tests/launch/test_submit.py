@@ -24,6 +24,7 @@ import tyro  # noqa: E402
 from botocore.stub import Stubber  # noqa: E402
 from botocore.validate import ParamValidator  # noqa: E402
 
+from hetrl.launch.hyperparameters import to_hyperparameters  # noqa: E402
 from hetrl.launch.settings import ClusterSettings  # noqa: E402
 from hetrl.launch.submit import (  # noqa: E402
     LAUNCHER,
@@ -31,7 +32,6 @@ from hetrl.launch.submit import (  # noqa: E402
     SubmitSettings,
     build_request,
     build_trainer,
-    hyperparameters,
     run_submit,
     stage_code,
 )
@@ -156,7 +156,7 @@ def test_settings_choices_reach_the_request(tmp_path):
 def test_hyperparameters_are_the_changed_training_flags_and_parse_back():
     settings = example(hidden_sizes=(256, 256), env_import=("my_envs",), learning_rate=3e-4,
                        anneal_lr=False, workers_per_env_host=30, max_run=3600)
-    values = hyperparameters(settings)
+    values = to_hyperparameters(settings)
     assert set(values) == {"env", "hidden_sizes", "env_import", "learning_rate", "anneal_lr",
                            "workers_per_env_host"}
     assert values["hidden_sizes"] == "[256, 256]" and values["anneal_lr"] == "false"

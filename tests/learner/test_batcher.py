@@ -13,7 +13,7 @@ import pytest
 import torch
 import tyro
 
-from hetrl.launch.cluster import settings_overrides
+from hetrl.launch.hyperparameters import from_hyperparameters
 from hetrl.learner.batcher import Batcher
 from hetrl.learner.connections import StreamFailure
 from hetrl.learner.ppo import Batch, ppo_update
@@ -261,7 +261,7 @@ def test_fragments_per_batch_through_cli_json_and_hyperparameters(value, tmp_pat
     assert from_cli.fragments_per_batch == value
     assert from_json(LearnerSettings, to_json(from_cli)).fragments_per_batch == value
     for raw in (value, str(value)):
-        assert settings_overrides({"fragments-per-batch": raw}, TrainSettings) == {
+        assert from_hyperparameters({"fragments-per-batch": raw}, TrainSettings) == {
             "fragments_per_batch": value}
     assert TrainSettings().fragments_per_batch == "auto"
     config = tmp_path / "settings.json"
@@ -272,7 +272,7 @@ def test_fragments_per_batch_through_cli_json_and_hyperparameters(value, tmp_pat
 @pytest.mark.parametrize("raw", ["x", 0, "0", 1.5])
 def test_bad_fragments_per_batch_is_a_config_error(raw) -> None:
     with pytest.raises(ConfigError, match="fragments"):
-        TrainSettings(**settings_overrides({"fragments_per_batch": raw}, TrainSettings))
+        TrainSettings(**from_hyperparameters({"fragments_per_batch": raw}, TrainSettings))
 
 
 def test_threads_are_named() -> None:
