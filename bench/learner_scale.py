@@ -235,13 +235,14 @@ def measure(model: str, workers: int, s: Settings) -> dict:
         gpu = _gpu_sampler(learner.device)
         if gpu:
             gpu[0]()
-        start = (time.perf_counter(), learner.global_step, learner.train_seconds,
-                 learner.wait_seconds, learner.version, learner.dropped_lag)
-        lags_before = dict(learner.lag_histogram)
+        books, batcher = learner.books, learner.batcher
+        start = (time.perf_counter(), learner.global_step, books.train_seconds,
+                 books.wait_seconds, learner.version, batcher.dropped_lag)
+        lags_before = dict(batcher.lag_histogram)
         time.sleep(s.seconds)
-        end = (time.perf_counter(), learner.global_step, learner.train_seconds,
-               learner.wait_seconds, learner.version, learner.dropped_lag)
-        lags = {k: v - lags_before.get(k, 0) for k, v in learner.lag_histogram.items()}
+        end = (time.perf_counter(), learner.global_step, books.train_seconds,
+               books.wait_seconds, learner.version, batcher.dropped_lag)
+        lags = {k: v - lags_before.get(k, 0) for k, v in batcher.lag_histogram.items()}
         gpu_busy = gpu[1]() if gpu else None
         learner.request_stop("benchmark over")
         thread.join(60)
