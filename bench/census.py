@@ -22,7 +22,7 @@ import torch
 from bench import common
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import fragments
-from hetrl.rollout.collector import FragmentArrays
+from hetrl.rollout.fragments import FragmentArrays
 
 T_LEN, N_ENVS = 64, 8
 
@@ -62,8 +62,8 @@ def run(quick: bool = False) -> list[dict]:
     view = np.frombuffer(data, np.float32).reshape(obs.shape)
 
     def decode():
-        return fragments.from_message(parsed.fragment, T_LEN, N_ENVS, (width,),
-                                      np.dtype(np.float32), (), np.dtype(np.int64))
+        return fragments.from_message(parsed.fragment, fragments.expected_steps(
+            T_LEN, N_ENVS, (width,), np.dtype(np.float32), (), np.dtype(np.int64)))
 
     decoded = decode().arrays.observations
     other = decoded.copy()

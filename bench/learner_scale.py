@@ -104,7 +104,7 @@ def _serve(model: str, worker_id: int, t_len: int, n: int, token: str, seed: int
 
     from hetrl.protos import hetrl_pb2
     from hetrl.rollout import fragments
-    from hetrl.rollout.collector import FragmentArrays
+    from hetrl.rollout.fragments import FragmentArrays
     from hetrl.rollout.transport import create_server
 
     obs_space, act_space, _ = learner_throughput.MODELS[model]
@@ -235,13 +235,14 @@ def measure(model: str, workers: int, s: Settings) -> dict:
         gpu = _gpu_sampler(learner.device)
         if gpu:
             gpu[0]()
-        start = (time.perf_counter(), learner.global_step, learner.train_seconds,
-                 learner.wait_seconds, learner.version, learner.dropped_lag)
-        lags_before = dict(learner.lag_histogram)
+        books, batcher = learner.books, learner.batcher
+        start = (time.perf_counter(), learner.global_step, books.train_seconds,
+                 books.wait_seconds, learner.version, batcher.dropped_lag)
+        lags_before = dict(batcher.lag_histogram)
         time.sleep(s.seconds)
-        end = (time.perf_counter(), learner.global_step, learner.train_seconds,
-               learner.wait_seconds, learner.version, learner.dropped_lag)
-        lags = {k: v - lags_before.get(k, 0) for k, v in learner.lag_histogram.items()}
+        end = (time.perf_counter(), learner.global_step, books.train_seconds,
+               books.wait_seconds, learner.version, batcher.dropped_lag)
+        lags = {k: v - lags_before.get(k, 0) for k, v in batcher.lag_histogram.items()}
         gpu_busy = gpu[1]() if gpu else None
         learner.request_stop("benchmark over")
         thread.join(60)
@@ -297,16 +298,14 @@ def _update_setup(model: str, count: int, device: torch.device, s: Settings):
 def update_ceiling(model: str, fragments: int, device: torch.device, s: Settings) -> dict:
     """ppo_update alone on a batch of `fragments` fragments already on `device`."""
     from hetrl.learner.ppo import Batch, ppo_update
+    from hetrl.rollout.fragments import STEP_FIELDS
 
     cfg, policy, optimizer, frags, _ = _update_setup(model, fragments, device, s)
 
     def stack(name: str) -> torch.Tensor:
         return torch.from_numpy(np.concatenate([f[name] for f in frags], axis=1)).to(device)
 
-    batch = Batch(obs=stack("observations"), actions=stack("actions"),
-                  logprobs=stack("logprobs"), rewards=stack("rewards"),
-                  terminated=stack("terminated"), truncated=stack("truncated"),
-                  valid=stack("valid"))
+    batch = Batch(**{name: stack(name) for name in STEP_FIELDS})
     times = []
     for i in range(s.ceiling_repeats + 1):
         if device.type == "cuda":
@@ -332,19 +331,20 @@ def gil_probe(model: str, s: Settings, repeats: int = 6, per_update: int = 2) ->
     from hetrl.learner.ppo import Batch, ppo_update
     from hetrl.protos import hetrl_pb2
     from hetrl.rollout import fragments
-    from hetrl.rollout.collector import FragmentArrays
+    from hetrl.rollout.fragments import FragmentArrays
 
     device = resolve_device(s.device)
     cfg, policy, optimizer, frags, (obs_space, act_space) = _update_setup(
         model, per_update, device, s)
     batch = Batch(**{
-        {"observations": "obs"}.get(k, k): torch.from_numpy(np.concatenate(
+        k: torch.from_numpy(np.concatenate(
             [f[k] for f in frags], axis=1)).to(device) for k in frags[0]})
     arrays = FragmentArrays(**frags[0], episode_returns=np.zeros(1),
                             episode_lengths=np.zeros(1, np.int64))
     wire_bytes = fragments.serialize(arrays, 0, "i", 0, 0)
-    shapes = (obs_space.shape, np.dtype(obs_space.dtype), tuple(act_space.shape or ()),
-              frags[0]["actions"].dtype)
+    expected = fragments.expected_steps(
+        s.fragment_length, s.envs_per_worker, obs_space.shape, np.dtype(obs_space.dtype),
+        tuple(act_space.shape or ()), frags[0]["actions"].dtype)
     target = {k: np.empty_like(np.concatenate([v] * per_update, axis=1))
               for k, v in frags[0].items()}
     work = threading.Semaphore(0)
@@ -357,7 +357,7 @@ def gil_probe(model: str, s: Settings, repeats: int = 6, per_update: int = 2) ->
             if not work.acquire(timeout=0.1):
                 continue
             message = hetrl_pb2.WorkerMessage.FromString(wire_bytes).fragment
-            fragment = fragments.from_message(message, s.fragment_length, n, *shapes)
+            fragment = fragments.from_message(message, expected)
             column = (ingested[0] % per_update) * n
             for k in target:
                 target[k][:, column:column + n] = getattr(fragment.arrays, k)

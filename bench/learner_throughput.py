@@ -28,6 +28,7 @@ from hetrl.learner.ppo import Batch, ppo_update
 from hetrl.learner.settings import TrainSettings
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
+from hetrl.rollout.fragments import STEP_FIELDS
 from hetrl.rollout.policy import Policy, action_dtype, policy_arrays
 from hetrl.rollout.settings import PolicySettings
 
@@ -90,10 +91,7 @@ def learner_step(policy, optimizer, frags, cfg: TrainSettings) -> dict[str, floa
     def stack(name: str) -> torch.Tensor:
         return torch.from_numpy(np.concatenate([f[name] for f in frags], axis=1))
 
-    batch = Batch(obs=stack("observations"), actions=stack("actions"),
-                  logprobs=stack("logprobs"), rewards=stack("rewards"),
-                  terminated=stack("terminated"), truncated=stack("truncated"),
-                  valid=stack("valid"))
+    batch = Batch(**{name: stack(name) for name in STEP_FIELDS})
     t1 = time.perf_counter()
     stats = ppo_update(policy, optimizer, batch, cfg)
     t2 = time.perf_counter()

@@ -31,6 +31,7 @@ from hetrl.learner.ppo import Batch, ppo_update
 from hetrl.learner.settings import LearnerSettings, TrainSettings
 from hetrl.rollout.collector import Collector
 from hetrl.rollout.envs import make_vector_env
+from hetrl.rollout.fragments import STEP_FIELDS
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.settings import WorkerSettings, to_json
 from hetrl.rollout.transport import new_token
@@ -86,10 +87,8 @@ def serial(s: Settings) -> dict:
         def stack(name: str, frags=frags) -> torch.Tensor:
             return torch.from_numpy(np.concatenate([getattr(f, name) for f in frags], axis=1))
 
-        ppo_update(policy, optimizer, Batch(
-            obs=stack("observations"), actions=stack("actions"), logprobs=stack("logprobs"),
-            rewards=stack("rewards"), terminated=stack("terminated"),
-            truncated=stack("truncated"), valid=stack("valid")), cfg)
+        batch = Batch(**{name: stack(name) for name in STEP_FIELDS})
+        ppo_update(policy, optimizer, batch, cfg)
         t2 = time.perf_counter()
         collect_s, train_s = collect_s + t1 - t0, train_s + t2 - t1
         steps += sum(f.rewards.size for f in frags)

@@ -35,7 +35,7 @@ import tyro
 from bench import census, common, harness
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout import fragments, wire
-from hetrl.rollout.collector import FragmentArrays
+from hetrl.rollout.fragments import FragmentArrays
 
 T_LEN, N_ENVS = 32, 8  # every test fragment is 32 steps x 8 envs; obs width sets the size
 HEADER = struct.Struct("<Q")

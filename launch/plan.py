@@ -125,7 +125,7 @@ def _time_updates(settings: PlanSettings, train, seconds: float) -> float:
     obs = np.stack([d.observation_space.sample() for _ in range((t_len + 1) * n)])
     actions = np.stack([d.action_space.sample() for _ in range(t_len * n)])
     batch = Batch(
-        obs=torch.from_numpy(obs.reshape(t_len + 1, n, *obs.shape[1:])),
+        observations=torch.from_numpy(obs.reshape(t_len + 1, n, *obs.shape[1:])),
         actions=torch.from_numpy(actions.astype(action_dtype(d.action_space)).reshape(
             t_len, n, *actions.shape[1:])),
         logprobs=torch.full((t_len, n), -0.7),

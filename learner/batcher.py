@@ -33,14 +33,9 @@ from hetrl.learner.connections import StreamFailure
 from hetrl.learner.metrics import StallWatch
 from hetrl.learner.ppo import Batch
 from hetrl.rollout.errors import HetrlError, ProtocolError, WorkerLostError
-from hetrl.rollout.fragments import Fragment
+from hetrl.rollout.fragments import STEP_FIELDS, ReceivedFragment
 
 log = logging.getLogger("hetrl.learner")
-
-# The fragment arrays a training batch is made of, in Batch's field order.
-BATCH_FIELDS = ("observations", "actions", "logprobs", "rewards", "terminated", "truncated",
-                "valid")
-_BATCH_NAMES = {"observations": "obs"}  # Batch's name where it differs from the fragment's
 
 
 @dataclasses.dataclass
@@ -88,10 +83,10 @@ def _fields(batch: Batch) -> dict:
     return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
 
 
-def _layout(fragment: Fragment) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+def _layout(fragment: ReceivedFragment) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """Per field: its shape without the env axis, and its dtype."""
     out = {}
-    for name in BATCH_FIELDS:
+    for name in STEP_FIELDS:
         array = getattr(fragment.arrays, name)
         out[name] = ((array.shape[0], *array.shape[2:]), array.dtype)
     return out
@@ -255,7 +250,7 @@ class Batcher:
             n = fragment.arrays.rewards.shape[1]
             if slot is None or not slot.fits(layout, column + n):
                 slot = self._grow(slot, layout, column, max(target * n, column + n))
-            for name in BATCH_FIELDS:
+            for name in STEP_FIELDS:
                 slot.arrays[name][:, column:column + n] = getattr(fragment.arrays, name)
             column += n
             infos.append(FragmentInfo(fragment.policy_version, fragment.wait_seconds,
@@ -289,14 +284,13 @@ class Batcher:
                 "one learner needs them all alike")
         bigger = _HostSlot(layout, columns, pin=self._cuda)
         if slot is not None and filled:
-            for name in BATCH_FIELDS:
+            for name in STEP_FIELDS:
                 bigger.arrays[name][:, :filled] = slot.arrays[name][:, :filled]
         return bigger
 
     @staticmethod
     def _to_batch(slot: _HostSlot, columns: int) -> Batch:
-        tensors = {_BATCH_NAMES.get(name, name): tensor[:, :columns]
-                   for name, tensor in slot.tensors.items()}
+        tensors = {name: tensor[:, :columns] for name, tensor in slot.tensors.items()}
         # Which steps to train on, counted here on the host so that the update never
         # has to ask the device (a sync) how many there are.
         valid = slot.arrays["valid"][:, :columns].reshape(-1)
@@ -304,7 +298,7 @@ class Batcher:
         index = None if count == valid.size else torch.from_numpy(np.flatnonzero(valid))
         return Batch(**tensors, valid_index=index, valid_count=count)
 
-    def _next_fragment(self) -> Fragment | bool | None:
+    def _next_fragment(self) -> ReceivedFragment | bool | None:
         """One fragment to train on; False if the one taken was dropped (or a failure was
         handled), None if stopped.
 

@@ -280,6 +280,10 @@ class WorkerStream:
             raise ProtocolError(f"worker {self.address} did not start with Hello")
         self._check_hello(first.hello)
         self.hello = first.hello
+        spec = self.spec
+        expected = fragments.expected_steps(
+            first.hello.fragment_length, first.hello.num_envs, spec.obs_shape, spec.obs_dtype,
+            spec.action_shape, spec.action_dtype)
         if first.hello.incarnation not in self.incarnations:
             self.incarnations.append(first.hello.incarnation)
         self.state = StreamState.STREAMING
@@ -290,15 +294,7 @@ class WorkerStream:
             with self._in_flight_lock:
                 self.in_flight -= 1
             try:
-                fragment = fragments.from_message(
-                    message.fragment,
-                    self.hello.fragment_length,
-                    self.hello.num_envs,
-                    self.spec.obs_shape,
-                    self.spec.obs_dtype,
-                    self.spec.action_shape,
-                    self.spec.action_dtype,
-                )
+                fragment = fragments.from_message(message.fragment, expected)
                 self._check_origin(fragment)
             except WireFormatError as exc:
                 self.fragments_malformed += 1
@@ -335,7 +331,7 @@ class WorkerStream:
             except queue.Full:
                 continue
 
-    def _check_origin(self, fragment: fragments.Fragment) -> None:
+    def _check_origin(self, fragment: fragments.ReceivedFragment) -> None:
         assert self.hello is not None
         if (fragment.incarnation, fragment.worker_id) != (self.hello.incarnation,
                                                           self.hello.worker_id):
@@ -345,7 +341,7 @@ class WorkerStream:
                 f"{self.hello.incarnation}"
             )
 
-    def _note_sequence(self, fragment: fragments.Fragment) -> bool:
+    def _note_sequence(self, fragment: fragments.ReceivedFragment) -> bool:
         """Record the fragment's sequence; False (and counted) if it was seen before."""
         last = self._last_sequence.get(fragment.incarnation)
         if last is not None and fragment.sequence <= last:

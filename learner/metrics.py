@@ -1,23 +1,45 @@
-"""Where training metrics go: TensorBoard events, a JSONL file, and a live progress line.
+"""The run's books and where they go: TensorBoard events, a JSONL file, a live progress
+line, and summary.json with the verdict at the end.
 
-Metric names follow CleanRL (`charts/episodic_return`, `charts/SPS`, `losses/...`) so
-curves compare with published ones. Every record in metrics.jsonl carries
-`global_step` and `wall_seconds`. Metrics are worth less than the run: a sink that
-fails to write (a full disk) is dropped with one warning naming its path, and training
-goes on. Nothing here decides anything about training.
+`RunBooks` keeps the totals of a run (across resumes: a checkpoint carries them),
+turns each update into its metrics and writes the summary and the bottleneck verdict,
+so the learner's loop only tells it what happened. Metric names follow CleanRL
+(`charts/episodic_return`, `charts/SPS`, `losses/...`) so curves compare with published
+ones. Every record in metrics.jsonl carries `global_step` and `wall_seconds`. Metrics
+are worth less than the run: a sink that fails to write (a full disk) is dropped with
+one warning naming its path, and training goes on. Nothing here decides anything about
+training, and nothing here imports torch at import time (the launcher reads
+TRACK_NEEDS from here without it). Longer than most modules: it is all the books.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tqdm import tqdm
+
+from hetrl.learner.connections import stream_counters
+from hetrl.learner.verdict import judge
+from hetrl.rollout.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hetrl.learner.batcher import Batcher, ReadyBatch
+    from hetrl.learner.connections import StreamFailure
+    from hetrl.learner.settings import LearnerSettings
+    from hetrl.learner.utilisation import UtilisationSampler
 
 log = logging.getLogger("hetrl.metrics")
+_learner_log = logging.getLogger("hetrl.learner")  # the run's outcome is the learner's news
 
 TRACK_NEEDS = ("--track logs to Weights & Biases: pip install 'hetrl[track]' (and wandb "
                "login, or WANDB_MODE=offline)")
@@ -153,8 +175,6 @@ class MetricsWriter:
             return
         if self._tty:
             if self._bar is None:
-                from tqdm import tqdm
-
                 self._bar = tqdm(total=total, initial=0, unit="step", unit_scale=True,
                                  dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
             self._bar.update(max(0, min(step, total) - self._bar.n))
@@ -193,6 +213,239 @@ class MetricsWriter:
                 handle.close()
             except Exception as exc:
                 self._give_up(sink, path, exc)
+
+
+class RunBooks:
+    """The books of one run: totals, the metrics of each update, the summary and verdict.
+
+    The learner tells it what happened (`waited`, `trained`, `rejected`, `worker_lost`);
+    the per-fragment counts (steps, episodes, lag) it reads from the batcher, the fault
+    counters from the streams. Totals of the runs this one resumes come in through
+    `restore` and go out through `totals`, so that the summary, the metrics and the
+    report are cumulative and true across resumes. Lifecycle: `open` (the metrics
+    sinks), then updates, then `write_summary` and `close`."""
+
+    def __init__(self, settings: LearnerSettings, out: Path, streams: Sequence,
+                 batcher: Batcher, stall: StallWatch, sampler: UtilisationSampler) -> None:
+        self.settings, self.out = settings, out
+        self.streams, self.batcher, self.stall, self.sampler = streams, batcher, stall, sampler
+        self.metrics: MetricsWriter | None = None
+        # Extra metrics from whoever runs the learner (e.g. env hosts' CPU in a cluster).
+        self.extra_metrics: Callable[[], dict[str, float]] | None = None
+        self.wait_seconds = 0.0  # the learner waiting for a batch, summed
+        self.train_seconds = 0.0  # the learner updating, summed
+        self.batch_wait_seconds = 0.0  # the wait for the latest batch
+        self.worker_collect_seconds = 0.0
+        self.worker_wait_seconds = 0.0
+        self.updates_nonfinite = 0
+        self.workers_lost: list[dict] = []
+        # What the runs this one resumes counted (`restore`).
+        self.resumed_from: str | None = None
+        self.start_step = batcher.global_step
+        self.runs = 1
+        self.wall_before = 0.0
+        self.counters_before: dict[str, int] = {}
+        self.stall_before = 0.0
+        self._session_start: float | None = None
+
+    # -- across resumes ----------------------------------------------------------
+    def restore(self, checkpoint: str, totals: dict) -> None:
+        """Continue the books of the runs this one resumes from `checkpoint` (its `totals`;
+        the batcher, already at the checkpoint's step, keeps the per-fragment ones)."""
+        self.resumed_from = checkpoint
+        self.start_step = self.batcher.global_step
+        if not totals:
+            return
+        books = self.batcher
+        self.runs = int(totals.get("runs", 1)) + 1
+        self.wall_before = float(totals.get("wall_seconds", 0.0))
+        books.episodes = int(totals.get("episodes", 0))
+        books.recent_returns.extend(totals.get("recent_returns", []))
+        books.dropped_lag = int(totals.get("dropped_lag", 0))
+        books.lag_histogram.update({int(k): int(v)
+                                    for k, v in totals.get("lag_histogram", {}).items()})
+        self.updates_nonfinite = int(totals.get("updates_nonfinite", 0))
+        self.wait_seconds = float(totals.get("learner_wait_seconds", 0.0))
+        self.train_seconds = float(totals.get("learner_train_seconds", 0.0))
+        self.worker_collect_seconds = float(totals.get("worker_collect_seconds", 0.0))
+        self.worker_wait_seconds = float(totals.get("worker_wait_seconds", 0.0))
+        self.counters_before = dict(totals.get("counters", {}))
+        self.stall_before = float(totals.get("stalled_seconds", 0.0))
+
+    def totals(self) -> dict:
+        """Run totals a checkpoint carries, for a resumed run to continue from."""
+        session = (time.monotonic() - self._session_start
+                   if self._session_start is not None else 0.0)
+        books = self.batcher
+        return {
+            "runs": self.runs,
+            "wall_seconds": self.wall_before + session,
+            "episodes": books.episodes,
+            "recent_returns": [float(r) for r in books.recent_returns],
+            "dropped_lag": books.dropped_lag,
+            "updates_nonfinite": self.updates_nonfinite,
+            "lag_histogram": {int(k): int(v) for k, v in books.lag_histogram.items()},
+            "learner_wait_seconds": self.wait_seconds,
+            "learner_train_seconds": self.train_seconds,
+            "worker_collect_seconds": self.worker_collect_seconds,
+            "worker_wait_seconds": self.worker_wait_seconds,
+            "counters": self.counters(),
+            "stalled_seconds": self.stalled_seconds,
+        }
+
+    def counters(self) -> dict[str, int]:
+        """Stream counters of the whole run: this process's plus the resumed runs'."""
+        now = stream_counters(self.streams)
+        return {k: v + int(self.counters_before.get(k, 0)) for k, v in now.items()}
+
+    @property
+    def stalled_seconds(self) -> float:
+        return self.stall_before + self.stall.stalled_seconds
+
+    @property
+    def mean_return_100(self) -> float | None:
+        returns = self.batcher.recent_returns
+        return float(np.mean(returns)) if returns else None
+
+    # -- during the run ----------------------------------------------------------
+    def open(self) -> MetricsWriter:
+        """Open the metrics sinks; the run's wall clock starts now."""
+        s = self.settings
+        track = ({"project": s.wandb_project, "entity": s.wandb_entity, "name": self.out.name}
+                 if s.track else None)
+        self.metrics = MetricsWriter(self.out, progress=s.progress, wall_offset=self.wall_before,
+                                     settings=dataclasses.asdict(s), track=track)
+        self._session_start = time.monotonic()
+        return self.metrics
+
+    def waited(self, seconds: float) -> None:
+        """The learner waited `seconds` for its next batch."""
+        self.batch_wait_seconds = seconds
+        self.wait_seconds += seconds
+
+    def rejected(self) -> None:
+        """An update made NaN/Inf weights and was rolled back."""
+        self.updates_nonfinite += 1
+
+    def worker_lost(self, failure: StreamFailure) -> None:
+        """Record a worker lost for good (its stream gave up), with the fragments it held
+        credits for: sampled or being sampled, never received (called by the batcher)."""
+        stream = next((st for st in self.streams if st.address == failure.address), None)
+        in_flight = max(0, stream.in_flight) if stream is not None else 0
+        hello = stream.hello if stream is not None else None
+        self.workers_lost.append({
+            "address": failure.address,
+            "worker_id": hello.worker_id if hello is not None else None,
+            "fragments_in_flight": in_flight,
+            "global_step": self.batcher.global_step,
+            "reason": str(failure.error)[:500],
+        })
+
+    def trained(self, ready: ReadyBatch, train_seconds: float, stats: dict[str, float],
+                version: int, learning_rate: float) -> None:
+        """Log an update that made `version` from `ready` in `train_seconds`: its loss
+        `stats`, then the run's rates, lag, busy fractions and returns; show progress."""
+        assert self.metrics is not None, "open() first"
+        books, metrics = self.batcher, self.metrics
+        self.train_seconds += train_seconds
+        infos = ready.infos
+        collect = sum(f.collect_seconds for f in infos)
+        waited = sum(f.wait_seconds for f in infos)
+        self.worker_collect_seconds += collect
+        self.worker_wait_seconds += waited
+        lags = [version - 1 - f.policy_version for f in infos]
+        busy = self.wait_seconds + self.train_seconds
+        stats = {
+            **stats,
+            # This process's rate: steps of a resumed run were made by an earlier one.
+            "charts/SPS": (books.global_step - self.start_step)
+            / max(metrics.session_seconds, 1e-9),
+            "charts/learning_rate": learning_rate,
+            "charts/policy_version": float(version),
+            "charts/policy_lag": float(np.mean(lags)),
+            "charts/policy_lag_max": float(np.max(lags)),
+            "charts/fragments_dropped_lag": float(books.dropped_lag),
+            "charts/fragments_per_batch": float(len(infos)),
+            "charts/episodes": float(books.episodes),
+            "charts/learner_wait_fraction": self.wait_seconds / max(busy, 1e-9),
+            "charts/worker_wait_seconds": float(np.mean([f.wait_seconds for f in infos])),
+            "utilisation/learner_busy_fraction":
+                train_seconds / max(train_seconds + self.batch_wait_seconds, 1e-9),
+            "utilisation/worker_busy_fraction": collect / max(collect + waited, 1e-9),
+            **self.sampler.sample(),
+        }
+        if self.extra_metrics is not None:
+            stats.update(self.extra_metrics())
+        if len(ready.episode_returns):
+            stats["charts/episodic_return"] = float(ready.episode_returns.mean())
+            stats["charts/episodic_length"] = float(ready.episode_lengths.mean())
+        if books.recent_returns:
+            stats["charts/mean_return_100"] = float(np.mean(books.recent_returns))
+        metrics.log(books.global_step, stats)
+        mean = stats.get("charts/mean_return_100", float("nan"))
+        metrics.progress(books.global_step, self.settings.total_steps, stats["charts/SPS"], {
+            "return(100)": f"{mean:.1f}", "lag": f"{stats['charts/policy_lag']:.1f}",
+            "dropped": str(books.dropped_lag)})
+
+    # -- at the end ----------------------------------------------------------------
+    def write_summary(self, outcome: str, version: int, not_stopped: list[str]) -> None:
+        """Write summary.json with the verdict, and log both.
+
+        Raises:
+            OutputError: summary.json could not be written (a full disk).
+        """
+        # checkpoint.py imports torch; this module stays importable without it.
+        from hetrl.learner.checkpoint import write_atomic
+
+        assert self.metrics is not None, "open() first"
+        books, stalled = self.batcher, self.stalled_seconds
+        workers = [stream.address for stream in self.streams]
+        summary = {
+            "outcome": outcome,
+            "env": self.settings.env,
+            "global_step": books.global_step,
+            "policy_version": version,
+            "wall_seconds": round(self.metrics.wall_seconds, 2),
+            "wall_seconds_this_run": round(self.metrics.session_seconds, 2),
+            "runs": self.runs,
+            "episodes": books.episodes,
+            "mean_return_100": self.mean_return_100,
+            "fragments_dropped_lag": books.dropped_lag,
+            **self.counters(),  # fragments_malformed, sequence_gaps, ...: each once
+            "updates_nonfinite": self.updates_nonfinite,
+            "policy_lag_histogram": {str(k): v for k, v in sorted(books.lag_histogram.items())},
+            "learner_wait_seconds": round(self.wait_seconds, 3),
+            "learner_train_seconds": round(self.train_seconds, 3),
+            "workers": workers,
+            "resumed_from": self.resumed_from,
+            "worker_collect_seconds": round(self.worker_collect_seconds, 3),
+            "worker_wait_seconds": round(self.worker_wait_seconds, 3),
+            "workers_not_stopped": not_stopped,
+            "workers_lost": self.workers_lost,
+            "stalled_seconds": round(stalled, 2),
+            "fragments_lost_in_flight": sum(w["fragments_in_flight"]
+                                            for w in self.workers_lost),
+        }
+        hosts = {address.rsplit(":", 1)[0] for address in workers}
+        verdict = judge(self.wait_seconds, self.train_seconds, self.worker_collect_seconds,
+                        self.worker_wait_seconds, len(self.streams), len(hosts),
+                        stalled_seconds=stalled)
+        summary["verdict"] = verdict.kind
+        summary["verdict_text"] = verdict.text
+        write_atomic(self.out / "summary.json", json.dumps(summary, indent=2).encode())
+        _learner_log.info("%s: %s steps in %.1f s, mean return(100) %s", outcome,
+                          f"{books.global_step:,}", self.metrics.wall_seconds,
+                          summary["mean_return_100"])
+        _learner_log.info("bottleneck: %s", verdict.text)
+
+    def close(self) -> None:
+        """The run's settings against its final figures (TensorBoard hparams); close the
+        sinks."""
+        if self.metrics is None:
+            return
+        self.metrics.final({"mean_return_100": self.mean_return_100,
+                            "global_step": self.batcher.global_step})
+        self.metrics.close()
 
 
 def _quiet_tensorboard_thread() -> None:
@@ -237,10 +490,8 @@ def _start_wandb(track: dict, settings: dict, out_dir: Path):
         ConfigError: wandb is not installed.
     """
     try:
-        import wandb
+        import wandb  # an optional extra: only --track needs it
     except ImportError as exc:
-        from hetrl.rollout.errors import ConfigError
-
         raise ConfigError(TRACK_NEEDS) from exc
     return wandb.init(project=track.get("project") or "hetrl", entity=track.get("entity") or None,
                       name=track.get("name") or out_dir.name, config=settings,

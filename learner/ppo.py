@@ -1,9 +1,9 @@
 """One APPO update: PPO's clipped objective against the behaviour policy, with V-trace
 value targets, on a batch of fragments. Readable top to bottom, CleanRL style.
 
-The batch is time-major: obs [T+1, B, ...], the rest [T, B]. Ratios are taken against
-the behaviour log-probs the workers sent, so experience from slightly older weights is
-corrected rather than trusted. Only `valid` steps are trained on. No I/O here.
+The batch is time-major: observations [T+1, B, ...], the rest [T, B]. Ratios are taken
+against the behaviour log-probs the workers sent, so experience from slightly older
+weights is corrected rather than trusted. Only `valid` steps are trained on. No I/O here.
 """
 
 from __future__ import annotations
@@ -16,20 +16,15 @@ from torch import nn
 
 from hetrl.learner.settings import TrainSettings
 from hetrl.learner.vtrace import vtrace
+from hetrl.rollout.fragments import Steps
 from hetrl.rollout.policy import Policy
 
 
 @dataclasses.dataclass
-class Batch:
-    """Training tensors on the learner's device."""
+class Batch(Steps[torch.Tensor]):
+    """Training tensors on the learner's device: the fragments' step arrays (`Steps`,
+    the same fields by the same names) side by side along the env axis."""
 
-    obs: torch.Tensor
-    actions: torch.Tensor
-    logprobs: torch.Tensor
-    rewards: torch.Tensor
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    valid: torch.Tensor
     valid_index: torch.Tensor | None = None
     """Flat positions of the valid steps, or None when every step is valid; with
     `valid_count`, computed on the host by whoever built the batch, so that the update
@@ -74,6 +69,7 @@ def ppo_update_async(
     (read them with `read_stats`), so that a GPU update runs without a host sync when
     the batch carries `valid_index` / `valid_count`."""
     t_len, n = batch.rewards.shape
+    obs_shape = batch.observations.shape[2:]
     # Index with the positions of valid steps (a boolean mask copies far slower, and
     # asks the device for its size); when every step is valid, take views.
     if batch.valid_count is None:
@@ -85,11 +81,11 @@ def ppo_update_async(
         size = batch.valid_count
         keep = slice(None) if batch.valid_index is None else batch.valid_index
     if policy.obs_rms is not None:
-        policy.obs_rms.update(batch.obs[:-1].reshape(t_len * n, *batch.obs.shape[2:])[keep])
+        policy.obs_rms.update(batch.observations[:-1].reshape(t_len * n, *obs_shape)[keep])
 
     # V-trace targets under the current policy, computed once per batch.
     with torch.no_grad():
-        flat_obs = batch.obs.reshape((t_len + 1) * n, *batch.obs.shape[2:])
+        flat_obs = batch.observations.reshape((t_len + 1) * n, *obs_shape)
         flat_actions = batch.actions.reshape(t_len * n, *batch.actions.shape[2:])
         heads, values = policy.heads(flat_obs)
         values = values.reshape(t_len + 1, n)

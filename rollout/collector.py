@@ -5,12 +5,12 @@ its action and returns the first observation of the next episode. That step is
 recorded with `valid = 0` so the learner never trains on a transition that crosses
 an episode boundary, and the observation the episode ended on (its true final
 observation) stays in the fragment as the next row, so truncated episodes bootstrap
-from it. The collector owns no sockets: it returns plain arrays.
+from it. The collector owns no sockets: it returns plain arrays, the `FragmentArrays`
+that rollout/fragments.py defines.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -20,33 +20,10 @@ import numpy as np
 
 from hetrl.rollout.envs import FAULT_KEY, FailureBudget
 from hetrl.rollout.errors import EnvError, EnvUnhealthyError, NonFiniteError
+from hetrl.rollout.fragments import FragmentArrays
 from hetrl.rollout.policy import Policy, action_dtype
 
 log = logging.getLogger("hetrl.collector")
-
-# FragmentArrays fields that are arrays on the wire (the rest are counters and timings).
-ARRAY_FIELDS = ("observations", "actions", "rewards", "terminated", "truncated", "logprobs",
-                "valid", "episode_returns", "episode_lengths")
-
-
-@dataclasses.dataclass
-class FragmentArrays:
-    """One fragment, time-major: observations [T+1, N, ...], everything else [T, N]."""
-
-    observations: np.ndarray
-    actions: np.ndarray
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    logprobs: np.ndarray
-    valid: np.ndarray
-    episode_returns: np.ndarray
-    episode_lengths: np.ndarray
-    collect_seconds: float = 0.0
-    env_faults: int = 0
-    """Env failures (exceptions or NaN/Inf) in this fragment; each env was recreated."""
-    episodes_aborted: int = 0
-    """Episodes cut short by a fault; their steps here have valid = 0."""
 
 
 class Collector:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.wrappers import RecordVideo
+from safetensors import safe_open
 
 from hetrl.rollout.envs import describe_env, env_spec
 from hetrl.rollout.errors import ConfigError, HetrlError
@@ -32,6 +36,7 @@ from hetrl.rollout.settings import (
     EnvSettings,
     EvaluatorSettings,
     PolicySettings,
+    from_json,
 )
 from hetrl.rollout.userpath import user_modules_importable
 
@@ -114,8 +119,6 @@ def load_policy(run: str | Path) -> TrainedPolicy:
         ConfigError: no model there, or it does not fit the network its settings describe.
         EnvError: the env it was trained on cannot be made here.
     """
-    from safetensors import safe_open
-
     path = Path(run)
     model = path / MODEL_FILE if path.is_dir() else path
     if not model.is_file():
@@ -172,8 +175,6 @@ def evaluate(
     """
     env = _make_env(trained.env, video_dir is not None)
     if video_dir is not None:
-        from gymnasium.wrappers import RecordVideo
-
         try:
             env = RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
                               name_prefix="episode", disable_logger=True)
@@ -254,11 +255,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m hetrl.rollout.evaluate SETTINGS_JSON`: the launcher's evaluator."""
     die_with_parent()  # first: no child outlives its launcher
     user_modules_importable()
-    import signal
-    import sys
-
-    from hetrl.rollout.settings import from_json
-
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)

@@ -1,30 +1,126 @@
-"""Fragment <-> wire message, with the checks a receiver must make.
+"""The fragment, defined once, and its trip over the wire with the checks a receiver makes.
 
-`serialize` turns a collector's `FragmentArrays` into the bytes of a `WorkerMessage`,
-copying each array once (the sending hot path); `to_message` builds the same message
-the readable way (tests hold the two equal); `from_message` turns one back and checks
-that every array has the dtype and the [T(+1), N, ...] shape the stream's Hello
-announced, so nothing malformed reaches training; `nonfinite_fields` names the arrays
-holding NaN/Inf. Pure functions: no sockets, no torch.
+`Steps` names the per-step arrays of a fragment, each with its layout ([T+1, N, *obs]
+for observations, [T, N, ...] for the rest, and its dtype); `FragmentArrays` is a whole
+fragment as the collector makes it (the steps, the episodes that ended in it, and its
+counters), and the learner's `Batch` is the same `Steps` in torch. Everything else is
+derived from these two classes: the arrays on the wire (`ARRAY_FIELDS`), its scalars
+(`SCALAR_FIELDS`), the shapes a receiver expects (`expected_steps`), the finiteness
+check (`nonfinite_fields`) and the learner's batch fields (`STEP_FIELDS`), so a new
+field is added here (and to the proto) and nowhere else. The proto's own message is
+`hetrl_pb2.Fragment`; what a receiver gets back is a `ReceivedFragment` (the arrays with
+who sent them and with which weights).
+
+`serialize` turns `FragmentArrays` into the bytes of a `WorkerMessage`, copying each
+array once (the sending hot path); `to_message` builds the same message the readable
+way (tests hold the two equal); `from_message` turns one back and checks every array
+against the shapes the stream's Hello announced, so nothing malformed reaches training.
+No sockets and no torch here: the rollout side and the learner's decode threads share it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
-from hetrl.rollout.collector import ARRAY_FIELDS, FragmentArrays
 from hetrl.rollout.errors import WireFormatError
 
-_STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "logprobs", "valid")
+ArrayT = TypeVar("ArrayT")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLayout:
+    """How one per-step array is shaped: T rows (T + 1 with `extra_row`), N envs, then
+    the observation's or the action's shape and dtype (`like`) or nothing and `dtype`."""
+
+    dtype: type | None = None
+    like: str | None = None  # "observation" or "action": as the stream's Hello announced
+    extra_row: bool = False
+
+
+def _step(dtype: type | None = None, like: str | None = None, extra_row: bool = False):
+    return dataclasses.field(metadata={"step": StepLayout(dtype, like, extra_row)})
+
+
+def _episodes():
+    return dataclasses.field(metadata={"episodes": True})
 
 
 @dataclasses.dataclass
-class Fragment:
-    """A received fragment: the arrays plus who produced it and with which weights."""
+class Steps(Generic[ArrayT]):
+    """The per-step arrays of a fragment (numpy) or of a training batch (torch),
+    time-major. The one list of them: the wire, the receiver's checks and the learner's
+    batch all follow it."""
+
+    observations: ArrayT = _step(like="observation", extra_row=True)
+    """[T+1, N, *obs]: row t is what the policy saw at step t; row T, the observation
+    after the last step, is what a cut-off episode bootstraps from."""
+    actions: ArrayT = _step(like="action")
+    rewards: ArrayT = _step(np.float32)
+    terminated: ArrayT = _step(np.bool_)
+    truncated: ArrayT = _step(np.bool_)
+    logprobs: ArrayT = _step(np.float32)
+    """The behaviour policy's log-probability of each action (for the importance ratios)."""
+    valid: ArrayT = _step(np.bool_)
+    """False on reset steps and on the steps of aborted episodes: never trained on."""
+
+
+@dataclasses.dataclass
+class FragmentArrays(Steps[np.ndarray]):
+    """One fragment as a worker collects and sends it: the steps, the episodes that ended
+    in it, and its counters."""
+
+    episode_returns: np.ndarray = _episodes()
+    """[E] float32: the return of each episode that ended in this fragment."""
+    episode_lengths: np.ndarray = _episodes()
+    """[E] int64: their lengths in valid steps."""
+    collect_seconds: float = 0.0
+    """Seconds the worker spent collecting the fragment."""
+    env_faults: int = 0
+    """Env failures (exceptions or NaN/Inf) in this fragment; each env was recreated."""
+    episodes_aborted: int = 0
+    """Episodes cut short by a fault; their steps here have valid = 0."""
+
+
+# Derived from the classes above, never written out again.
+STEP_FIELDS = tuple(f.name for f in dataclasses.fields(Steps))
+EPISODE_FIELDS = tuple(f.name for f in dataclasses.fields(FragmentArrays)
+                       if "episodes" in f.metadata)
+ARRAY_FIELDS = STEP_FIELDS + EPISODE_FIELDS
+"""The fields that travel as NDArray, in wire order."""
+SCALAR_FIELDS = tuple(f.name for f in dataclasses.fields(FragmentArrays)
+                      if f.name not in ARRAY_FIELDS)
+"""The fields that travel as proto scalars of the same name."""
+_LAYOUTS = {f.name: f.metadata["step"] for f in dataclasses.fields(Steps)}
+
+
+def expected_steps(
+    length: int,
+    num_envs: int,
+    obs_shape: tuple[int, ...],
+    obs_dtype: np.dtype,
+    action_shape: tuple[int, ...],
+    action_dtype: np.dtype,
+) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of every step array of a fragment of `length` steps of `num_envs`."""
+    announced = {"observation": (tuple(obs_shape), np.dtype(obs_dtype)),
+                 "action": (tuple(action_shape), np.dtype(action_dtype)), None: ((), None)}
+    out = {}
+    for name, layout in _LAYOUTS.items():
+        trailing, dtype = announced[layout.like]
+        rows = length + 1 if layout.extra_row else length
+        out[name] = ((rows, num_envs, *trailing), np.dtype(layout.dtype or dtype))
+    return out
+
+
+@dataclasses.dataclass
+class ReceivedFragment:
+    """A fragment as the learner received it: the arrays plus who produced it and with
+    which weights (the proto's `hetrl_pb2.Fragment` decoded and checked)."""
 
     worker_id: int
     incarnation: str
@@ -66,12 +162,9 @@ def _scalars(
     """The Fragment's non-array fields, named once for both encoders."""
     return dict(
         worker_id=worker_id, incarnation=incarnation, sequence=sequence,
-        policy_version=policy_version, collect_seconds=arrays.collect_seconds,
-        wait_seconds=wait_seconds, env_faults=arrays.env_faults,
-        episodes_aborted=arrays.episodes_aborted,
+        policy_version=policy_version, wait_seconds=wait_seconds,
+        **{name: getattr(arrays, name) for name in SCALAR_FIELDS},
     )
-
-
 def serialize(
     arrays: FragmentArrays,
     worker_id: int,
@@ -122,29 +215,15 @@ def to_message(
 
 
 def from_message(
-    message: hetrl_pb2.Fragment,
-    length: int,
-    num_envs: int,
-    obs_shape: tuple[int, ...],
-    obs_dtype: np.dtype,
-    action_shape: tuple[int, ...],
-    action_dtype: np.dtype,
-) -> Fragment:
-    """Decode and check a fragment against the shapes announced for its stream.
+    message: hetrl_pb2.Fragment, expected: dict[str, tuple[tuple[int, ...], np.dtype]]
+) -> ReceivedFragment:
+    """Decode and check a fragment against the shapes announced for its stream
+    (`expected`: what `expected_steps` makes of its Hello).
 
     Raises:
         WireFormatError: any array is malformed or has the wrong dtype or shape.
     """
     decoded = {name: wire.decode(getattr(message, name)) for name in ARRAY_FIELDS}
-    expected = {
-        "observations": ((length + 1, num_envs, *obs_shape), np.dtype(obs_dtype)),
-        "actions": ((length, num_envs, *action_shape), np.dtype(action_dtype)),
-        "rewards": ((length, num_envs), np.dtype(np.float32)),
-        "terminated": ((length, num_envs), np.dtype(bool)),
-        "truncated": ((length, num_envs), np.dtype(bool)),
-        "logprobs": ((length, num_envs), np.dtype(np.float32)),
-        "valid": ((length, num_envs), np.dtype(bool)),
-    }
     for name, (shape, dtype) in expected.items():
         array = decoded[name]
         if array.shape != shape or array.dtype.newbyteorder("=") != dtype.newbyteorder("="):
@@ -152,26 +231,23 @@ def from_message(
                 f"fragment {name}: got {array.shape} {array.dtype}, expected {shape} {dtype}"
             )
         decoded[name] = wire.to_native(array)
-    n_episodes = decoded["episode_returns"].shape
-    if len(n_episodes) != 1 or decoded["episode_lengths"].shape != n_episodes:
-        raise WireFormatError("fragment episode_returns and episode_lengths differ in shape")
-    return Fragment(
+    n_episodes = decoded[EPISODE_FIELDS[0]].shape
+    if len(n_episodes) != 1 or any(decoded[name].shape != n_episodes
+                                   for name in EPISODE_FIELDS):
+        raise WireFormatError(f"fragment {' and '.join(EPISODE_FIELDS)} differ in shape")
+    return ReceivedFragment(
         worker_id=message.worker_id,
         incarnation=message.incarnation,
         sequence=message.sequence,
         policy_version=message.policy_version,
-        arrays=FragmentArrays(collect_seconds=message.collect_seconds,
-                              env_faults=message.env_faults,
-                              episodes_aborted=message.episodes_aborted, **decoded),
+        arrays=FragmentArrays(**decoded,
+                              **{name: getattr(message, name) for name in SCALAR_FIELDS}),
         wait_seconds=message.wait_seconds,
     )
 
 
 def nonfinite_fields(arrays: FragmentArrays) -> list[str]:
     """Names of the float arrays of a fragment that hold NaN or Inf (empty: all finite)."""
-    bad = []
-    for name in ("observations", "rewards", "logprobs", "actions", "episode_returns"):
-        array = getattr(arrays, name)
-        if array.dtype.kind in "fc" and not np.isfinite(array).all():
-            bad.append(name)
-    return bad
+    return [name for name in ARRAY_FIELDS
+            if (array := getattr(arrays, name)).dtype.kind in "fc"
+            and not np.isfinite(array).all()]

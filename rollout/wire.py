@@ -1,6 +1,8 @@
 """Convert numpy arrays to and from the wire's `NDArray` (dtype string, shape, raw bytes).
 
-This is the only place arrays are encoded or decoded. Decoding trusts nothing: the
+Every array a peer sends is decoded here; arrays are encoded here too, except on the
+fragment's hot path, where `fragments.serialize` writes the same NDArray bytes by hand
+(tests/rollout/test_wire.py holds the two equal). Decoding trusts nothing: the
 dtype must be a plain numeric or boolean type (no object, void or string dtypes, so
 no code can hide in an array), dims must be non-negative and bounded, and the byte
 count must match. It never pickles and never executes anything it receives.

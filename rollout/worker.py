@@ -51,7 +51,7 @@ from hetrl.rollout.errors import (
 )
 from hetrl.rollout.lifetime import die_with_parent
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
-from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.settings import WorkerSettings, from_json
 from hetrl.rollout.transport import (
     MAX_MESSAGE_BYTES,
     create_server,
@@ -424,8 +424,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m hetrl.rollout.worker SETTINGS_JSON`: the launcher's way to start a worker."""
     die_with_parent()  # first: no child outlives its launcher
     user_modules_importable()  # after hetrl: the user's --env / --policy modules
-    from hetrl.rollout.settings import from_json
-
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

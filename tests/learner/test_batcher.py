@@ -19,9 +19,8 @@ from hetrl.learner.connections import StreamFailure
 from hetrl.learner.ppo import Batch, ppo_update
 from hetrl.learner.publisher import Publisher
 from hetrl.learner.settings import LearnerSettings, TrainSettings, auto_fragments_per_batch
-from hetrl.rollout.collector import FragmentArrays
 from hetrl.rollout.errors import ConfigError, ProtocolError, WorkerLostError
-from hetrl.rollout.fragments import Fragment
+from hetrl.rollout.fragments import FragmentArrays, ReceivedFragment
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.settings import PolicySettings, from_json, to_json
 from tests.helpers import wait_for
@@ -46,7 +45,7 @@ class FakeStream:
         self.weights.append(weights)
 
 
-def fragment(version: int, seed: int, invalid: int = 0) -> Fragment:
+def fragment(version: int, seed: int, invalid: int = 0) -> ReceivedFragment:
     rng = np.random.default_rng(seed)
     valid = np.ones((T, N), bool)
     valid.flat[:invalid] = False
@@ -58,7 +57,7 @@ def fragment(version: int, seed: int, invalid: int = 0) -> Fragment:
         episode_returns=np.array([float(seed)]), episode_lengths=np.array([7]),
         collect_seconds=0.5,
     )
-    return Fragment(worker_id=0, incarnation="i", sequence=seed, policy_version=version,
+    return ReceivedFragment(worker_id=0, incarnation="i", sequence=seed, policy_version=version,
                     arrays=arrays, wait_seconds=0.25)
 
 
@@ -87,7 +86,7 @@ def test_batches_are_assembled_off_the_caller_with_credits_and_counts() -> None:
         assert second is not None
         for ready, pair in ((first, frags[:2]), (second, frags[2:])):
             expected = np.concatenate([f.arrays.observations for f in pair], axis=1)
-            np.testing.assert_array_equal(ready.batch.obs.numpy(), expected)
+            np.testing.assert_array_equal(ready.batch.observations.numpy(), expected)
             valid = np.concatenate([f.arrays.valid for f in pair], axis=1).reshape(-1)
             assert ready.batch.valid_count == valid.sum()
             np.testing.assert_array_equal(ready.batch.valid_index.numpy(),
@@ -219,7 +218,7 @@ def test_update_with_host_counted_valid_steps_matches_the_device_count() -> None
     t, n = 8, 6
     valid = rng.random((t, n)) > 0.2
     tensors = dict(
-        obs=torch.from_numpy(rng.standard_normal((t + 1, n, 4)).astype(np.float32)),
+        observations=torch.from_numpy(rng.standard_normal((t + 1, n, 4)).astype(np.float32)),
         actions=torch.from_numpy(rng.integers(0, 2, (t, n))),
         logprobs=torch.full((t, n), -0.7), rewards=torch.ones(t, n),
         terminated=torch.zeros(t, n, dtype=torch.bool),
@@ -358,7 +357,7 @@ def test_the_update_never_syncs_with_the_host_on_cuda() -> None:
     policy = Policy(obs_space, gym.spaces.Discrete(2), PolicySettings()).to(device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3, fused=True)
     t, n = 8, 6
-    batch = Batch(obs=torch.randn(t + 1, n, 4, device=device),
+    batch = Batch(observations=torch.randn(t + 1, n, 4, device=device),
                   actions=torch.randint(0, 2, (t, n), device=device),
                   logprobs=torch.full((t, n), -0.7, device=device),
                   rewards=torch.ones(t, n, device=device),

@@ -18,6 +18,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers import TimeLimit
 
 from hetrl.rollout.collector import Collector
+from hetrl.rollout.fragments import expected_steps
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.settings import PolicySettings
 
@@ -121,16 +122,8 @@ def test_row_after_truncation_is_true_final_observation():
 def test_dtypes_and_shapes():
     collector = make_collector([(2, False), (3, True), (4, False)], length=7)
     frag = collector.collect()
-    T, N = 7, 3
-    expected = dict(
-        observations=((T + 1, N, 1), np.float32),
-        actions=((T, N), np.int64),
-        rewards=((T, N), np.float32),
-        terminated=((T, N), np.bool_),
-        truncated=((T, N), np.bool_),
-        logprobs=((T, N), np.float32),
-        valid=((T, N), np.bool_),
-    )
+    # What every receiver checks a fragment against (tests/rollout/test_fragments.py).
+    expected = expected_steps(7, 3, (1,), np.float32, (), np.int64)
     for key, (shape, dtype) in expected.items():
         value = getattr(frag, key)
         assert value.shape == shape, key

@@ -117,8 +117,7 @@ def test_random_bytes_never_crash_the_decoder(raw: bytes) -> None:
 
 
 def test_fragment_serialize_equals_the_protobuf_message() -> None:
-    from hetrl.rollout.collector import FragmentArrays
-    from hetrl.rollout.fragments import serialize, to_message
+    from hetrl.rollout.fragments import FragmentArrays, serialize, to_message
 
     rng = np.random.default_rng(3)
     t_len, n = 5, 3

@@ -1,19 +1,17 @@
-"""Security 13 and checkpoints 9: TLS with certificates made here, and resume falling back
-from a corrupt newest checkpoint. Real gRPC on loopback."""
+"""Security 13: TLS with certificates made here, server-only and mutual. Real gRPC on
+loopback. (Checkpoints 9, the fallback from a corrupt newest checkpoint, is in
+tests/learner/test_checkpoint.py, beside its subject.)"""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-import logging
 import queue
 from pathlib import Path
 
 import grpc
 import pytest
-import torch
 
-from hetrl.learner.checkpoint import checkpoints, load_latest, save_checkpoint
 from hetrl.learner.connections import WorkerStream
 from hetrl.protos import hetrl_pb2_grpc
 from hetrl.rollout.settings import WorkerSettings
@@ -100,18 +98,3 @@ def test_tls_streams_and_refuses_plaintext(tmp_path: Path, monkeypatch, client_a
         worker.request_stop("test over")
         server.stop(0).wait(5)
         worker.close()
-
-
-def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path, caplog) -> None:
-    for step in (100, 200, 300, 400):
-        save_checkpoint(tmp_path, step, {"policy": {"w": torch.full((3,), float(step))},
-                                         "global_step": step}, keep=3)
-    assert [p.name for p in checkpoints(tmp_path)] == [
-        "ckpt-000000000400.pt", "ckpt-000000000300.pt", "ckpt-000000000200.pt"]
-    assert not list(tmp_path.glob(".*.tmp"))  # the temp file was renamed, not left
-    newest = checkpoints(tmp_path)[0]
-    newest.write_bytes(newest.read_bytes()[:50])  # truncated, as by a crash mid-copy
-    with caplog.at_level(logging.WARNING, logger="hetrl.checkpoint"):
-        path, state = load_latest(tmp_path)
-    assert path.name == "ckpt-000000000300.pt" and state["global_step"] == 300
-    assert "unreadable" in caplog.text and "ckpt-000000000400" in caplog.text

@@ -1,0 +1,127 @@
+"""Tests of learner.ppo.ppo_update against a slow loop over single samples.
+
+The reference takes one epoch of one minibatch the way the PPO paper reads: V-trace
+targets from tests/learner/test_vtrace.py's loop, each valid step's network output
+computed on its own, the clipped surrogate, value and entropy terms per sample,
+averaged, then one gradient step (SGD here, so parameters compare exactly). Random
+batches have episode ends, each followed by an invalid reset step, and behaviour
+log-probs off the current policy, so some ratios are clipped.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hetrl.learner.ppo import Batch, ppo_update
+from hetrl.learner.settings import TrainSettings
+from hetrl.rollout.policy import Policy
+from hetrl.rollout.settings import PolicySettings
+from tests.learner.test_vtrace import random_fragment, reference_vtrace
+
+T, N = 6, 4
+CFG = TrainSettings(epochs=1, minibatches=1, clip_coef=0.2, ent_coef=0.01, vf_coef=0.5,
+                    max_grad_norm=0.5, gamma=0.9, gae_lambda=0.8, vtrace_rho_clip=1.0,
+                    vtrace_c_clip=1.0, reward_scale=0.5)
+SPACES = {
+    "discrete": gym.spaces.Discrete(3),
+    "continuous": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+}
+
+
+def random_batch(policy: Policy, seed: int) -> Batch:
+    rng = np.random.default_rng(seed)
+    obs = torch.from_numpy(rng.standard_normal((T + 1, N, 4)).astype(np.float32))
+    with torch.no_grad():
+        dist, _ = policy(obs[:-1].reshape(T * N, 4))
+        actions = dist.sample()
+        logp = policy.log_prob(dist, actions).reshape(T, N)
+    # Episode ends, each followed by an invalid reset step, as a collector makes them.
+    steps = random_fragment(seed, T, N)
+    return Batch(
+        observations=obs,
+        actions=actions.reshape(T, N, *actions.shape[1:]),
+        rewards=steps["rewards"].float(),
+        terminated=steps["terminated"],
+        truncated=steps["truncated"],
+        valid=steps["valid"],
+        # Off the current policy, so that ratios spread around 1 and some are clipped.
+        logprobs=logp + torch.from_numpy(rng.normal(0, 0.3, (T, N)).astype(np.float32)),
+    )
+
+
+def reference_update(policy: Policy, optimizer, batch: Batch, cfg: TrainSettings) -> dict:
+    """One epoch, one minibatch of every valid step, one sample at a time."""
+    def one(t: int, i: int):
+        dist, value = policy(batch.observations[t, i][None])
+        return dist, value[0]
+
+    with torch.no_grad():
+        values = torch.tensor([[one(t, i)[1].item() for i in range(N)] for t in range(T + 1)],
+                              dtype=torch.float64)
+        target_logp = torch.tensor(
+            [[policy.log_prob(one(t, i)[0], batch.actions[t, i][None]).item()
+              for i in range(N)] for t in range(T)], dtype=torch.float64)
+    vs, adv = reference_vtrace(
+        target_logp - batch.logprobs.double(), batch.rewards.double() * cfg.reward_scale,
+        values, batch.terminated, batch.truncated, batch.valid, gamma=cfg.gamma,
+        lam=cfg.gae_lambda, rho_clip=cfg.vtrace_rho_clip, c_clip=cfg.vtrace_c_clip)
+    steps = [(t, i) for t in range(T) for i in range(N) if batch.valid[t, i]]
+    raw = [adv[t, i].item() for t, i in steps]
+    mean, std = statistics.fmean(raw), statistics.stdev(raw)
+    pg, vf, ent, kl, clipped = [], [], [], [], 0
+    for (t, i), a in zip(steps, raw, strict=True):
+        a = (a - mean) / (std + 1e-8)
+        dist, value = one(t, i)
+        logratio = policy.log_prob(dist, batch.actions[t, i][None])[0] - batch.logprobs[t, i]
+        ratio = logratio.exp()
+        clamped = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
+        pg.append(torch.max(-a * ratio, -a * clamped))
+        vf.append(0.5 * (value - vs[t, i].item()) ** 2)
+        ent.append(policy.entropy(dist)[0])
+        kl.append(((ratio - 1) - logratio).item())
+        clipped += abs(ratio.item() - 1) > cfg.clip_coef
+    pg_loss, v_loss, entropy = (torch.stack(x).mean() for x in (pg, vf, ent))
+    optimizer.zero_grad()
+    (pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss).backward()
+    nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    old = np.array([values[t, i].item() for t, i in steps])
+    returns = np.array([vs[t, i].item() for t, i in steps])
+    return {
+        "losses/policy_loss": pg_loss.item(),
+        "losses/value_loss": v_loss.item(),
+        "losses/entropy": entropy.item(),
+        "losses/approx_kl": statistics.fmean(kl),
+        "losses/clipfrac": clipped / len(steps),
+        "losses/explained_variance": 1 - np.var(returns - old) / np.var(returns),
+        "charts/samples_trained": float(len(steps)),
+    }
+
+
+@pytest.mark.parametrize("kind", SPACES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ppo_update_matches_the_per_sample_reference(kind: str, seed: int) -> None:
+    torch.manual_seed(seed)
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    policy = Policy(obs_space, SPACES[kind], PolicySettings(normalize_observations=False))
+    reference = copy.deepcopy(policy)
+    batch = random_batch(policy, seed)
+    stats = ppo_update(policy, torch.optim.SGD(policy.parameters(), lr=0.1), batch, CFG)
+    expected = reference_update(reference, torch.optim.SGD(reference.parameters(), lr=0.1),
+                                batch, CFG)
+    assert stats.keys() == expected.keys()
+    for key, value in expected.items():
+        assert stats[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert 0 < expected["losses/clipfrac"] < 1, "the batch should clip some ratios"
+    for (name, mine), theirs in zip(policy.named_parameters(), reference.parameters(),
+                                    strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6, msg=name)
+    assert all(math.isfinite(v) for v in stats.values())
