@@ -26,7 +26,7 @@ from typing import Any, ClassVar, TextIO
 from hetrl.launch.cluster import HOST_MAP_ENV
 from hetrl.launch.hyperparameters import to_hyperparameters
 from hetrl.launch.processes import PYTHON, Child, child_environment, spawn_command, stop_all
-from hetrl.launch.settings import ClusterSettings
+from hetrl.launch.settings import ClusterSettings, InstanceTypes
 from hetrl.rollout.errors import ConfigError
 from hetrl.rollout.settings import require
 from hetrl.rollout.transport import new_token
@@ -38,17 +38,13 @@ _NOT_HYPERPARAMETERS = {"out", "progress", "control_port", "worker_base_port"}
 
 
 @dataclasses.dataclass
-class EmulateSettings(ClusterSettings):
+class EmulateSettings(InstanceTypes, ClusterSettings):
     """`hetrl emulate`: run a heterogeneous job's hosts as processes on this machine."""
 
     hidden_flags: ClassVar[tuple[str, ...]] = ()  # --out: where the emulated hosts live
 
     env_hosts: int = 2
     """Emulated env hosts (the env group's instance count)."""
-    env_type: str = "ml.c5.9xlarge"
-    """Instance type written into the emulated resource config of env hosts."""
-    learner_type: str = "ml.g5.2xlarge"
-    """Instance type written into the emulated resource config of the learner host."""
     workers_per_env_host: int = 2
     """Rollout workers on each emulated env host."""
     learner_host_workers: int = 0

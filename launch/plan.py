@@ -19,18 +19,15 @@ import time
 from pathlib import Path
 
 from hetrl.launch.prices import cost_per_million_steps, load_prices
+from hetrl.launch.settings import InstanceTypes
 from hetrl.rollout.errors import ConfigError
 from hetrl.rollout.settings import EnvSettings, PolicySettings, RolloutSettings, require
 
 
 @dataclasses.dataclass
-class PlanSettings(EnvSettings, PolicySettings, RolloutSettings):
+class PlanSettings(InstanceTypes, EnvSettings, PolicySettings, RolloutSettings):
     """`hetrl plan`: size a heterogeneous job for an env before paying for it."""
 
-    learner_type: str = "ml.g5.2xlarge"
-    """Instance type of the learner host."""
-    env_type: str = "ml.c5.9xlarge"
-    """Instance type of the env hosts."""
     learner_samples_per_second: float = 0.0
     """Env steps per second the learner can train on; 0: read --from-run, else measure
     here on this CPU (a GPU learner is faster, so that figure is a floor)."""

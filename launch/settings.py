@@ -129,6 +129,24 @@ class ClusterSettings(
 
 
 @dataclasses.dataclass
+class InstanceTypes:
+    """The two instance types of a heterogeneous job (submit, emulate and plan size one)."""
+
+    env_type: str = "ml.c5.9xlarge"
+    """Instance type of the env hosts (rollout workers)."""
+    learner_type: str = "ml.g5.2xlarge"
+    """Instance type of the single learner host."""
+
+    def __post_init__(self) -> None:
+        for name in ("env_type", "learner_type"):
+            value = getattr(self, name)
+            require(value.startswith("ml."),
+                    f"--{name.replace('_', '-')} must be a SageMaker instance type like "
+                    f"ml.c5.9xlarge, got {value!r}")
+        _chain_post_init(self, InstanceTypes)
+
+
+@dataclasses.dataclass
 class ReportSettings:
     """`hetrl report RUN_DIR [RUN_B]`: write a run's report, or compare two runs."""
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.launch.hyperparameters import to_hyperparameters
-from hetrl.launch.settings import ClusterSettings
+from hetrl.launch.settings import ClusterSettings, InstanceTypes
 from hetrl.rollout.errors import ConfigError
 from hetrl.rollout.settings import _chain_post_init, require
 
@@ -69,7 +69,7 @@ _JOB_PREFIX_MAX = 63 - 15  # the SDK appends -YYYYmmddHHMMSS to the 63-character
 
 
 @dataclasses.dataclass
-class SubmitSettings(ClusterSettings):
+class SubmitSettings(InstanceTypes, ClusterSettings):
     """`hetrl submit`: create the SageMaker job; training flags reach its hosts as
     hyperparameters (see `hyperparameters`)."""
 
@@ -83,12 +83,8 @@ class SubmitSettings(ClusterSettings):
     """PyTorch version of the resolved image (ignored with --image)."""
     python_version: str = "py312"
     """Python version tag of the resolved image, e.g. py312 (ignored with --image)."""
-    env_type: str = "ml.c5.9xlarge"
-    """Instance type of the env hosts (rollout workers)."""
     env_count: int = 1
     """Number of env hosts."""
-    learner_type: str = "ml.g5.2xlarge"
-    """Instance type of the single learner host."""
     output: str = ""
     """S3 URI under which the job writes its model and output, and its code is staged."""
     spot: bool = False
@@ -129,11 +125,6 @@ class SubmitSettings(ClusterSettings):
                 f"--output must be an S3 URI like s3://bucket/prefix, got {self.output!r}")
         require(not self.checkpoint_s3 or bool(_S3_URI.fullmatch(self.checkpoint_s3)),
                 f"--checkpoint-s3 must be an S3 URI, got {self.checkpoint_s3!r}")
-        for name in ("env_type", "learner_type"):
-            value = getattr(self, name)
-            require(value.startswith("ml."),
-                    f"--{name.replace('_', '-')} must be a SageMaker instance type like "
-                    f"ml.c5.9xlarge, got {value!r}")
         require(self.env_count >= 1, f"--env-count must be >= 1, got {self.env_count}")
         require(len(tuple(self.env_groups)) == 1,
                 "hetrl submit creates one env instance group: give a single --env-groups name")

@@ -46,4 +46,7 @@ def test_per_core_figure_matches_a_real_run(tmp_path: Path) -> None:
     planned = (before + measure_core_rate(settings)) / 2
     measured = result.summary["global_step"] / result.summary["worker_collect_seconds"]
     print(f"plan: {planned:,.0f} env steps/s per core; the run's worker: {measured:,.0f}")
-    assert abs(planned - measured) / measured < 0.2
+    # The right quantity (one worker's steps with inference, per core), not a precise one:
+    # on a quiet machine they agree within 10%, beside other loads within ~35%; a wrong
+    # quantity (no inference, all cores, env steps without the policy) is off 2x or more.
+    assert abs(planned - measured) / measured < 0.5
