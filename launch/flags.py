@@ -54,8 +54,11 @@ def parse(cls: type[T], args: list[str], prog: str, description: str,
     """
     sections = _sections(cls)
     if len(sections) < 2:
-        return tyro.cli(cls, args=args, prog=prog, description=description, default=default)
-    holder = _holder(cls, tuple((name, tuple(fields)) for name, fields in sections.items()))
+        return tyro.cli(cls, args=args, prog=prog, description=description,
+                        default=default)  # type: ignore[return-value]
+    settings_class: Any = cls  # a dataclass, which type[T] cannot say
+    holder = _holder(settings_class,
+                     tuple((name, tuple(fields)) for name, fields in sections.items()))
     holder_default = None
     if default is not None:
         holder_default = holder(**{
@@ -64,7 +67,7 @@ def parse(cls: type[T], args: list[str], prog: str, description: str,
             for name, section in _section_types(holder).items()})
     parsed = tyro.cli(holder, args=args, prog=prog, description=description,
                       default=holder_default)
-    values = {f.name: getattr(default, f.name) for f in dataclasses.fields(cls)
+    values = {f.name: getattr(default, f.name) for f in dataclasses.fields(settings_class)
               if default is not None and f.init}
     for name in _section_types(holder):
         values.update(dataclasses.asdict(getattr(parsed, name)))
@@ -113,7 +116,7 @@ def _holder(cls: type, sections: tuple[tuple[str, tuple[dataclasses.Field, ...]]
             [(f.name, Annotated[hints[f.name], tyro.conf.arg(help=docs.get(f.name, ""))],
               _copy_default(f)) for f in fields])
         section.__doc__ = section_docs.get(name, "")
-        holder_fields.append((name, tyro.conf.OmitArgPrefixes[section],
+        holder_fields.append((name, tyro.conf.OmitArgPrefixes[section],  # type: ignore[valid-type,misc]
                               dataclasses.field(default_factory=section)))
     return dataclasses.make_dataclass(f"{cls.__name__}Flags", holder_fields)
 

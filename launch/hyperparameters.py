@@ -40,7 +40,7 @@ def to_hyperparameters(settings: ClusterSettings,
     values = {}
     for field in dataclasses.fields(ClusterSettings):
         default = (field.default if field.default is not dataclasses.MISSING
-                   else field.default_factory())  # type: ignore[misc]
+                   else field.default_factory())  # type: ignore[misc,operator]
         value = getattr(settings, field.name)
         if field.name not in skipped and value != default:
             values[field.name] = json.dumps(list(value) if isinstance(value, tuple) else value)

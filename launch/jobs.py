@@ -157,8 +157,10 @@ def _unpack(archive: Path, into: Path) -> None:
                 raise ConfigError(f"{archive} holds {member.name!r}, which is not a plain "
                                   "file inside it; not unpacking it")
             members.append(member)
-        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(into, members=members, **safe)
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: refuse what is unsafe too
+            tar.extractall(into, members=members, filter="data")
+        else:
+            tar.extractall(into, members=members)
 
 
 def run_fetch(settings: FetchSettings) -> int:

@@ -61,8 +61,8 @@ def tee_host_output(prefix: str, log_file: Path) -> None:
     stdout and stderr, and unprefixed to `log_file` (appended)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     file = log_file.open("a", encoding="utf-8", errors="replace")
-    sys.stdout = PrefixedStream(prefix, sys.__stdout__, file)
-    sys.stderr = PrefixedStream(prefix, sys.__stderr__, file)
+    sys.stdout = PrefixedStream(prefix, sys.__stdout__ or file, file)
+    sys.stderr = PrefixedStream(prefix, sys.__stderr__ or file, file)
 
 
 def pump(pipe: BinaryIO, log_path: Path | None, prefix: str,

@@ -287,8 +287,9 @@ def compare(path_a: Path, path_b: Path, type_a: str = "", type_b: str = "",
     more than their instances (then the comparison is not only of the hardware)."""
     prices = load_prices(prices_file)
     runs = [Run(path_a), Run(path_b)]
-    price = [price_of(r, prices, t) for r, t in zip(runs, (type_a, type_b), strict=True)]
-    if None in price:
+    priced = [price_of(r, prices, t) for r, t in zip(runs, (type_a, type_b), strict=True)]
+    price = [p for p in priced if p is not None]
+    if len(price) < len(priced):
         raise ConfigError("both runs need instance types to compare cost: pass --instance-type "
                           "for local runs (RUN_A's first, then RUN_B's)")
     rate = [r.steps_per_second for r in runs]
