@@ -1,4 +1,5 @@
-"""Starting hetrl: the CLI, local multiprocess runs, and (later) cluster entry points.
+"""Starting hetrl: the CLI, local multiprocess runs, cluster hosts, emulated and submitted
+SageMaker jobs, their reports and costs.
 
 `run_local` is the public Python API. This room imports everything else and nothing
 imports it.

@@ -472,10 +472,23 @@ def _refuse_send(request: Any, **_: Any) -> None:
     raise ConfigError(f"hetrl dry run: refusing to send a request to {request.url}")
 
 
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore them."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _drive(settings: SubmitSettings, dry_run: bool,
            channels_into: Path | None = None) -> dict[str, Any]:
-    from unittest import mock  # patch.dict: a scoped, restored environment change
-
     _require_sdk()
     check_on_aws_terms(settings)
     import boto3
@@ -497,7 +510,7 @@ def _drive(settings: SubmitSettings, dry_run: bool,
           _sdk_logging(settings.verbose, [token])):
         stage_code(settings, Path(code_dir))
         try:
-            with mock.patch.dict(os.environ, skip_role_check):
+            with _environment(skip_role_check):
                 trainer = build_trainer(settings, Path(code_dir),
                                         _session(settings, boto_session, dry_run,
                                                  channels_into), token)
