@@ -25,11 +25,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from hetrl.learner.connections import StreamFailure
+from hetrl.learner.connections import CreditSink, StreamFailure
 from hetrl.learner.metrics import StallWatch
 from hetrl.learner.ppo import Batch
 from hetrl.rollout.errors import HetrlError, ProtocolError, WorkerLostError
@@ -104,7 +105,7 @@ class Batcher:
         train_version: Callable[[], int],
         max_policy_lag: int,
         budget_spent: Callable[[], bool],
-        return_credit: Callable[[object, int], None] | None = None,
+        return_credit: Callable[[CreditSink, int], None] | None = None,
         stall: StallWatch | None = None,
         on_lost: Callable[[StreamFailure], None] | None = None,
     ) -> None:
@@ -118,7 +119,7 @@ class Batcher:
         # so a batch larger than all the credits still fills.
         self._credit_lock = threading.Lock()
         self._updating = False
-        self._held: list[tuple[object, int]] = []
+        self._held: list[tuple[CreditSink, int]] = []
         self._target, self._train_version = target, train_version
         self._max_policy_lag, self._budget_spent = max_policy_lag, budget_spent
         self._cuda = device.type == "cuda"
@@ -177,7 +178,7 @@ class Batcher:
         with self._credit_lock:
             self._updating = True
 
-    def end_update(self) -> list[tuple[object, int]]:
+    def end_update(self) -> list[tuple[CreditSink, int]]:
         """The update ended (its weights offered): the credits held back meanwhile, for
         the caller to return once those weights are on their way."""
         with self._credit_lock:
@@ -185,7 +186,7 @@ class Batcher:
             held, self._held = self._held, []
         return held
 
-    def _credit(self, stream, generation: int) -> None:
+    def _credit(self, stream: CreditSink, generation: int) -> None:
         with self._credit_lock:
             if self._updating:
                 self._held.append((stream, generation))
@@ -264,11 +265,13 @@ class Batcher:
         if self._cuda:
             assert self._copy_stream is not None
             with torch.cuda.stream(self._copy_stream):
-                ready.batch = Batch(**{
+                # Any: Batch's fields differ in type (tensors, an int, Nones); matched by name.
+                on_device: dict[str, Any] = {
                     name: (value.to(self.device, non_blocking=True)
                            if isinstance(value, torch.Tensor) else value)
                     for name, value in _fields(batch).items()
-                })
+                }
+                ready.batch = Batch(**on_device)
                 ready.copied = torch.cuda.Event()
                 ready.copied.record(self._copy_stream)
         log.debug("batch of %d fragments assembled in %.3f s (%.3f s waiting)",
@@ -298,7 +301,7 @@ class Batcher:
         index = None if count == valid.size else torch.from_numpy(np.flatnonzero(valid))
         return Batch(**tensors, valid_index=index, valid_count=count)
 
-    def _next_fragment(self) -> ReceivedFragment | bool | None:
+    def _next_fragment(self) -> ReceivedFragment | Literal[False] | None:
         """One fragment to train on; False if the one taken was dropped (or a failure was
         handled), None if stopped.
 

@@ -41,8 +41,13 @@ def checkpoints(directory: Path) -> list[Path]:
     """Checkpoint files in `directory`, newest (highest step) first."""
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if _NAME.fullmatch(p.name)]
-    return sorted(found, key=lambda p: int(_NAME.fullmatch(p.name).group(1)), reverse=True)
+    found: list[tuple[int, Path]] = []
+    for path in directory.iterdir():
+        match = _NAME.fullmatch(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    found.sort(key=lambda step_path: step_path[0], reverse=True)
+    return [path for _, path in found]
 
 
 def _free_bytes(directory: Path) -> int | None:

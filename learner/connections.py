@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from typing import Protocol
 
 import grpc
 import numpy as np
@@ -60,6 +61,12 @@ def fan_in_bound(streams: int, credits: int) -> int:
 def stream_counters(streams) -> dict[str, int]:
     """The fault counters of all streams, summed (for the run summary)."""
     return {name: sum(getattr(s, name) for s in streams) for name in COUNTERS}
+
+
+class CreditSink(Protocol):
+    """Whatever a fragment's credit goes back to: a `WorkerStream` (or a test's fake)."""
+
+    def return_credit(self, generation: int) -> None: ...
 
 
 class StreamState(enum.Enum):
@@ -159,8 +166,15 @@ class WorkerStream:
         self._stopping = threading.Event()
         self.state = StreamState.CONNECTING
         self.hello: hetrl_pb2.Hello | None = None
-        for name in COUNTERS:
-            setattr(self, name, 0)
+        # The counters named in COUNTERS (keep the two lists the same).
+        self.fragments_received = 0
+        self.fragments_malformed = 0
+        self.fragments_duplicate = 0
+        self.fragments_nonfinite = 0
+        self.sequence_gaps = 0
+        self.reconnects = 0
+        self.env_faults = 0
+        self.episodes_aborted = 0
         self.incarnations: list[str] = []
         self.generation = 0
         # Credits this stream's worker holds: fragments it may be sampling or sending
@@ -234,7 +248,9 @@ class WorkerStream:
                 if self._stopping.is_set():
                     return
                 code = exc.code() if isinstance(exc, grpc.RpcError) else None
-                detail = f"{code.name} {exc.details()}" if code else str(exc)
+                detail = str(exc)
+                if code and isinstance(exc, grpc.RpcError):
+                    detail = f"{code.name} {exc.details()}"
                 if code in _FATAL_CODES:
                     raise ConnectionError(f"worker {self.address} refused: {detail}") from exc
                 if self.state is StreamState.STREAMING:

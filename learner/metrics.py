@@ -126,13 +126,14 @@ class MetricsWriter:
         self._progress_every = progress_every
         self._last_progress = 0.0
         self._tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
-        self._bar = None  # a tqdm bar on a terminal, made at the first progress call
+        self._bar: tqdm | None = None  # on a terminal, made at the first progress call
 
     def _give_up(self, sink: str, path: Path, exc: BaseException) -> None:
         """Drop one sink for the rest of the run, with one warning."""
         log.warning("cannot write metrics to %s (%s: %s); they are no longer written there, "
                     "training goes on", path, type(exc).__name__, exc)
-        handle, _ = getattr(self, sink), setattr(self, sink, None)
+        handle = getattr(self, sink)
+        setattr(self, sink, None)
         try:
             if handle is not None:
                 handle.close()
@@ -190,8 +191,9 @@ class MetricsWriter:
                          f"{rate:>7,.0f} SPS | ETA {_clock(eta)} | {extra}\n")
         sys.stderr.flush()
 
-    def final(self, values: dict[str, float]) -> None:
-        """The run's settings against its final figures, as TensorBoard hparams."""
+    def final(self, values: dict[str, float | None]) -> None:
+        """The run's settings against its final figures, as TensorBoard hparams (None:
+        a figure the run does not have, left out)."""
         if self._tb is None or not self._settings:
             return
         metrics = {f"hparams/{k}": float(v) for k, v in values.items() if v is not None}

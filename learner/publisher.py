@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from hetrl.learner.connections import CreditSink
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
 
@@ -44,7 +45,7 @@ class Publisher:
         self._pending: tuple[int, dict[str, torch.Tensor], torch.cuda.Event | None] | None = None
         self._closed = False
         self._publishing = False
-        self._deferred: list[tuple[object, int]] = []
+        self._deferred: list[tuple[CreditSink, int]] = []
         self.published_version = -1
         self.skipped = 0
         self._thread = threading.Thread(target=self._run, name="weights-publisher", daemon=True)
@@ -65,7 +66,7 @@ class Publisher:
             self._pending = (version, state, event)
             self._cond.notify_all()
 
-    def return_credit(self, stream, generation: int) -> None:
+    def return_credit(self, stream: CreditSink, generation: int) -> None:
         """Return a worker's credit, but never before the newest offered weights have
         been pushed: the worker then samples its next fragment with them."""
         with self._cond:
