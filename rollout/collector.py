@@ -40,6 +40,7 @@ class Collector:
         self.vector_budget = FailureBudget(failure_rate, failure_window)
         self.num_envs = envs.num_envs
         self.obs_space = envs.single_observation_space
+        self.obs_shape = self.obs_space.shape or ()
         self.act_shape = envs.single_action_space.shape or ()
         self.act_dtype = action_dtype(envs.single_action_space)
         self.busy_since: float | None = None  # monotonic start of the running env call
@@ -94,6 +95,7 @@ class Collector:
             self.envs.close()
         except Exception:
             log.debug("closing the failed vector env raised", exc_info=True)
+        assert self.remake is not None  # callers come here only when they can remake
         self.envs = self.remake()
         obs, _ = self._env_call(self.envs.reset)
         zeros = np.zeros(self.num_envs, dtype=bool)
@@ -103,7 +105,7 @@ class Collector:
         """Step T times and return the fragment."""
         start = time.perf_counter()
         t_len, n = self.length, self.num_envs
-        obs = np.empty((t_len + 1, n, *self.obs_space.shape), dtype=self.obs_space.dtype)
+        obs = np.empty((t_len + 1, n, *self.obs_shape), dtype=self.obs_space.dtype)
         actions = np.empty((t_len, n, *self.act_shape), dtype=self.act_dtype)
         rewards = np.empty((t_len, n), dtype=np.float32)
         terminated = np.empty((t_len, n), dtype=bool)

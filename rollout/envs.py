@@ -114,8 +114,10 @@ def describe_env(settings: EnvSettings) -> EnvDescription:
             "for a package that registers it, or --env pkg.mod:Class."
         ) from exc
     try:
-        check_spaces(env.observation_space, env.action_space, settings.env)
-        return EnvDescription(env.observation_space, env.action_space)
+        observation_space = env.observation_space
+        check_spaces(observation_space, env.action_space, settings.env)
+        assert isinstance(observation_space, gym.spaces.Box)  # check_spaces raised otherwise
+        return EnvDescription(observation_space, env.action_space)
     finally:
         env.close()
 
@@ -232,6 +234,9 @@ class EnvGuard(gym.Wrapper):
             except Exception:  # a broken env may not even close; it is dropped anyway
                 log.debug("closing the failed env raised", exc_info=True)
             try:
+                if self._spec is None:  # counted as a failure to recreate, like any other
+                    raise EnvError("the env has no spec (not made by gymnasium.make); "
+                                   "hetrl cannot recreate it")
                 self.env = gym.make(self._spec)
                 obs, info = self.env.reset()
             except Exception:

@@ -21,7 +21,7 @@ No sockets and no torch here: the rollout side and the learner's decode threads 
 from __future__ import annotations
 
 import dataclasses
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -191,7 +191,7 @@ def serialize(
         if array.dtype.kind not in "biufc":
             raise WireFormatError(f"cannot send {name} of dtype {array.dtype}")
         meta = hetrl_pb2.NDArray(dtype=array.dtype.str, shape=array.shape).SerializeToString()
-        data = memoryview(array).cast("B") if array.nbytes else b""
+        data = array.data.cast("B") if array.nbytes else b""  # the array's own buffer
         data_head = _field_header(_DATA_FIELD, array.nbytes) if array.nbytes else b""
         body = len(meta) + len(data_head) + array.nbytes
         field = _field_header(number, body)
@@ -235,13 +235,15 @@ def from_message(
     if len(n_episodes) != 1 or any(decoded[name].shape != n_episodes
                                    for name in EPISODE_FIELDS):
         raise WireFormatError(f"fragment {' and '.join(EPISODE_FIELDS)} differ in shape")
+    # Any: arrays and scalars, matched to FragmentArrays' fields by name.
+    values: dict[str, Any] = {**decoded,
+                              **{name: getattr(message, name) for name in SCALAR_FIELDS}}
     return ReceivedFragment(
         worker_id=message.worker_id,
         incarnation=message.incarnation,
         sequence=message.sequence,
         policy_version=message.policy_version,
-        arrays=FragmentArrays(**decoded,
-                              **{name: getattr(message, name) for name in SCALAR_FIELDS}),
+        arrays=FragmentArrays(**values),
         wait_seconds=message.wait_seconds,
     )
 
