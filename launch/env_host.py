@@ -33,7 +33,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hetrl.launch.cluster import ClusterView, resolve, usable_cores
 from hetrl.launch.processes import (
     MAX_WORKER_RESTARTS,
-    WORKER_EXIT_UNHEALTHY,
     Child,
     child_environment,
     restartable,
@@ -42,13 +41,13 @@ from hetrl.launch.processes import (
 )
 from hetrl.launch.settings import ClusterSettings
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY
 from hetrl.rollout.lifetime import early_stop
 from hetrl.rollout.settings import WorkerSettings, pick
 from hetrl.rollout.transport import create_server, transport_options
 
 log = logging.getLogger("hetrl.env_host")
 
-EXIT_OK, EXIT_FAILED = 0, 1
 SERVING, NOT_SERVING = (health_pb2.HealthCheckResponse.SERVING,
                         health_pb2.HealthCheckResponse.NOT_SERVING)
 
@@ -202,12 +201,12 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
                         health_status.set("", SERVING)
             for i, worker in enumerate(workers):
                 code = worker.exit_code()
-                if failure or (code != WORKER_EXIT_UNHEALTHY and not restartable(code)):
+                if failure or (code != EXIT_UNHEALTHY and not restartable(code)):
                     continue
                 health_status.set(f"hetrl.worker.{i}", NOT_SERVING)
                 health_status.set("", NOT_SERVING)
                 restarts += 1
-                if code == WORKER_EXIT_UNHEALTHY:
+                if code == EXIT_UNHEALTHY:
                     failure = (f"env host {cluster.current_host}: {worker.name} is unhealthy: "
                                f"its env kept failing (env_failure_rate):\n{worker.log_tail()}")
                     break

@@ -31,13 +31,13 @@ from hetrl.learner.learner import Learner
 from hetrl.learner.settings import LearnerSettings
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
 from hetrl.rollout.lifetime import early_stop
 from hetrl.rollout.settings import WorkerSettings, pick
 from hetrl.rollout.transport import auth_metadata, create_channel, transport_options
 
 log = logging.getLogger("hetrl.learner_host")
 
-EXIT_OK, EXIT_FAILED = 0, 1
 RPC_DEADLINE = 5.0
 
 

@@ -28,7 +28,6 @@ from typing import Any
 from hetrl.launch.hyperparameters import check_names
 from hetrl.launch.processes import (
     MAX_WORKER_RESTARTS,
-    WORKER_EXIT_UNHEALTHY,
     Child,
     child_environment,
     restartable,
@@ -42,12 +41,11 @@ from hetrl.learner.metrics import TRACK_NEEDS
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import ChildFailedError, ConfigError
+from hetrl.rollout.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNHEALTHY
 from hetrl.rollout.settings import SNAPSHOT_GLOB, EvaluatorSettings, WorkerSettings, pick
 from hetrl.rollout.transport import new_token
 
 log = logging.getLogger("hetrl.launch")
-
-EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130  # 130: Ctrl-C, as shells report it
 
 
 @dataclasses.dataclass
@@ -249,7 +247,7 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
     except ChildFailedError as exc:
         print(f"hetrl: {exc}", file=sys.stderr)
         stop_all(children, settings.shutdown_grace)
-        return EXIT_ERROR
+        return EXIT_FAILED
     finally:
         stop_all(children, settings.shutdown_grace)  # no-op when all have exited
         if evaluator is not None:
@@ -280,7 +278,7 @@ def _watch(children: list[Child], learner: Child, settings: LocalSettings, resta
             # carries on with the others or reports that none is left.
             worker = children[i]
             code = worker.exit_code()
-            if code == WORKER_EXIT_UNHEALTHY:
+            if code == EXIT_UNHEALTHY:
                 raise ChildFailedError(
                     f"{worker.name} is unhealthy: its env kept failing after being recreated "
                     f"(--env-failure-rate {settings.env_failure_rate} over "

@@ -24,20 +24,19 @@ from pathlib import Path
 from typing import TextIO
 
 from hetrl.rollout.errors import ChildFailedError
+from hetrl.rollout.exits import EXIT_OK, EXIT_UNHEALTHY
 from hetrl.rollout.lifetime import PARENT_ENV
 from hetrl.rollout.settings import to_json
 from hetrl.rollout.userpath import USER_PATH_ENV
 
 # Worker restarts a supervisor allows per run (crashes, kills, hangs) before giving up.
 MAX_WORKER_RESTARTS = 3
-# Must equal rollout.worker.EXIT_UNHEALTHY (not imported: that pulls in torch).
-WORKER_EXIT_UNHEALTHY = 4
 
 
 def restartable(code: int | None) -> bool:
     """Whether a supervisor should restart a worker that exited with `code`: not while
     it runs, not after a clean exit (0), not when its env keeps failing (unhealthy)."""
-    return code not in (None, 0, WORKER_EXIT_UNHEALTHY)
+    return code not in (None, EXIT_OK, EXIT_UNHEALTHY)
 
 
 @dataclasses.dataclass
