@@ -14,7 +14,7 @@ def test_exit_codes_are_distinct() -> None:
 
 
 def test_supervisors_read_exit_codes_without_importing_torch() -> None:
-    probe = ("import sys, hetrl.rollout.exits, hetrl.launch.processes; "
+    probe = ("import sys, hetrl.rollout.exits, hetrl.launch.supervisor; "
              "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, check=True)
