@@ -189,12 +189,12 @@ def test_no_worker_is_restarted_once_the_learner_is_finishing(tmp_path: Path) ->
                     "import time; time.sleep(600)"]
     spawned: list[int] = []
 
-    def spawn_worker(index: int, port: int, ready_file: str):
-        spawned.append(index)
-        return python(f"worker-{index}", workers_code[index])
+    class StandIns(Supervisor):
+        def spawn(self, index: int, port: int, ready_file: str):
+            spawned.append(index)
+            return python(f"worker-{index}", workers_code[index])
 
-    workers = Supervisor(lambda *_: WorkerSettings(), tmp_path, dict(os.environ))
-    workers.spawn = spawn_worker
+    workers = StandIns(lambda *_: WorkerSettings(), tmp_path, dict(os.environ))
     workers.start([0, 0])
     dying, deaf = workers.workers
     learner = python("learner", f"import pathlib, time; pathlib.Path({str(finishing)!r}).touch()"

@@ -22,16 +22,16 @@ def _supervisor(tmp_path: Path, exits: list[int | None]) -> tuple[Supervisor, li
     started: list[tuple[int, int]] = []
     said: list[str] = []
 
-    def spawn_worker(index: int, port: int, ready_file: str) -> Child:
-        started.append((index, port))
-        code = "import time; time.sleep(600)" if exits[index] is None else \
-            f"raise SystemExit({exits[index]})"
-        return spawn_command(f"worker-{index}", [sys.executable, "-c", code],
-                             dict(os.environ), None)
+    class StandIns(Supervisor):
+        def spawn(self, index: int, port: int, ready_file: str) -> Child:
+            started.append((index, port))
+            code = "import time; time.sleep(600)" if exits[index] is None else \
+                f"raise SystemExit({exits[index]})"
+            return spawn_command(f"worker-{index}", [sys.executable, "-c", code],
+                                 dict(os.environ), None)
 
-    supervisor = Supervisor(lambda *_: WorkerSettings(env_failure_rate=0.3), tmp_path,
-                            dict(os.environ), say=said.append)
-    supervisor.spawn = spawn_worker
+    supervisor = StandIns(lambda *_: WorkerSettings(env_failure_rate=0.3), tmp_path,
+                           dict(os.environ), say=said.append)
     return supervisor, started, said
 
 
