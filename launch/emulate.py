@@ -28,10 +28,9 @@ from hetrl.launch.hyperparameters import to_hyperparameters
 from hetrl.launch.processes import PYTHON, Child, child_environment, spawn_command, stop_all
 from hetrl.launch.settings import ClusterSettings, InstanceTypes
 from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from hetrl.rollout.settings import require
 from hetrl.rollout.transport import new_token
-
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 # Fields that describe the emulation, not the job: never passed as hyperparameters.
 _NOT_HYPERPARAMETERS = {"out", "progress", "control_port", "worker_base_port"}

@@ -19,7 +19,6 @@ import logging
 import re
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,24 +30,18 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hetrl.launch.cluster import ClusterView, resolve, usable_cores
-from hetrl.launch.processes import (
-    MAX_WORKER_RESTARTS,
-    WORKER_EXIT_UNHEALTHY,
-    Child,
-    child_environment,
-    restartable,
-    spawn,
-    stop_all,
-)
+from hetrl.launch.processes import child_environment
 from hetrl.launch.settings import ClusterSettings
+from hetrl.launch.supervisor import Supervisor
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.rollout.errors import ChildFailedError
+from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
 from hetrl.rollout.lifetime import early_stop
 from hetrl.rollout.settings import WorkerSettings, pick
 from hetrl.rollout.transport import create_server, transport_options
 
 log = logging.getLogger("hetrl.env_host")
 
-EXIT_OK, EXIT_FAILED = 0, 1
 SERVING, NOT_SERVING = (health_pb2.HealthCheckResponse.SERVING,
                         health_pb2.HealthCheckResponse.NOT_SERVING)
 
@@ -136,25 +129,46 @@ def add_control_to_server(control: HostControl, server: grpc.Server) -> None:
         (grpc.method_handlers_generic_handler("hetrl.HostControl", handlers),))
 
 
+class WorkerHealth:
+    """The standard gRPC health of this host's workers: "hetrl.worker.<i>", and "" for
+    them all, are NOT_SERVING from a worker's exit until its restart listens."""
+
+    def __init__(self, address: str, ports: list[int]) -> None:
+        self.servicer = health.HealthServicer()
+        self.address, self.ports = address, ports
+        self.restarting: set[int] = set()
+        self.servicer.set("", SERVING)
+        for i in range(len(ports)):
+            self.servicer.set(f"hetrl.worker.{i}", SERVING)
+
+    def restarted(self, index: int) -> None:
+        self.servicer.set(f"hetrl.worker.{index}", NOT_SERVING)
+        self.servicer.set("", NOT_SERVING)
+        self.restarting.add(index)
+
+    def failing(self) -> None:
+        """The host is failing and stops every worker."""
+        for i in range(len(self.ports)):
+            self.servicer.set(f"hetrl.worker.{i}", NOT_SERVING)
+        self.servicer.set("", NOT_SERVING)
+
+    def follow(self) -> None:
+        """Back to SERVING for each restarted worker that listens again."""
+        for i in sorted(self.restarting):
+            if _listening(self.address, self.ports[i]):
+                self.restarting.discard(i)
+                self.servicer.set(f"hetrl.worker.{i}", SERVING)
+                if not self.restarting:
+                    self.servicer.set("", SERVING)
+
+
 def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) -> int:
     """Serve until the learner host stops this host; return the exit code."""
-    address = resolve(cluster.current_host, settings.resolve_timeout)
+    host = cluster.current_host
+    address = resolve(host, settings.resolve_timeout)
     count = settings.workers_per_env_host or usable_cores()
-    run_dir = cluster.base_dir / "hetrl"
-    env = child_environment(token)
-    addresses = [f"{address}:{settings.worker_base_port + i}" for i in range(count)]
-    restarts = 0
-
-    def start_worker(i: int) -> Child:
-        worker = pick(
-            WorkerSettings, settings, worker_id=_worker_id(cluster, i), host=address,
-            port=settings.worker_base_port + i, ready_file="",
-            learner_timeout=settings.startup_timeout + settings.loss_timeout,
-        )
-        return spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env,
-                     echo=sys.__stdout__, echo_prefix=f"[{cluster.current_host} worker-{i}] ")
-
-    control = HostControl(cluster.current_host, addresses, usable_cores())
+    ports = [settings.worker_base_port + i for i in range(count)]
+    control = HostControl(host, [f"{address}:{port}" for port in ports], usable_cores())
 
     def on_signal(signum, _frame):
         control.stop_reason = f"signal {signal.Signals(signum).name}"
@@ -164,72 +178,59 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
     signal.signal(signal.SIGINT, on_signal)
     control.stop_reason = early_stop()  # set if the job stopped while this host started
     started = time.monotonic()
+    workers = Supervisor(
+        lambda i, port, ready: pick(
+            WorkerSettings, settings, worker_id=_worker_id(cluster, i), host=address,
+            port=port, ready_file=ready,
+            learner_timeout=settings.startup_timeout + settings.loss_timeout),
+        cluster.base_dir / "hetrl", child_environment(token), echo_host=host, say=log.error)
+    workers.start(ports)  # forked before this process creates any gRPC threads
+    control.workers_running = workers.running
+    health_status = WorkerHealth(address, ports)
     failure: str | None = None
     server = None
-    # Workers are forked before this process creates any gRPC threads.
-    workers = [start_worker(i) for i in range(count)]
-    health_status = health.HealthServicer()
-    restarting: set[int] = set()
-    health_status.set("", SERVING)
-    for i in range(count):
-        health_status.set(f"hetrl.worker.{i}", SERVING)
-    control.workers_running = lambda: sum(w.exit_code() is None for w in workers)
     try:
         options = dataclasses.replace(transport_options(settings),
                                       max_receive_bytes=CONTROL_RECEIVE_BYTES)
         server, _ = create_server(f"{address}:{settings.control_port}", token, options=options)
         add_control_to_server(control, server)
-        health_pb2_grpc.add_HealthServicer_to_server(health_status, server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_status.servicer, server)
         server.start()
-        log.info("env host %s: %d workers on %s, control on %s:%d", cluster.current_host, count,
+        log.info("env host %s: %d workers on %s, control on %s:%d", host, count,
                  address, address, settings.control_port)
-        while control.stop_reason is None:
+        while control.stop_reason is None and failure is None:
             control.changed.wait(0.5)
-            now = time.monotonic()
-            if control.first_heartbeat is None and now - started > settings.startup_timeout:
-                failure = (f"env host {cluster.current_host}: no learner connected within "
-                           f"{settings.startup_timeout:.0f} s (startup_timeout)")
-            elif (control.last_heartbeat is not None
-                  and now - control.last_heartbeat > settings.loss_timeout):
-                failure = (f"env host {cluster.current_host}: learner gone for "
-                           f"{now - control.last_heartbeat:.0f} s (loss_timeout "
-                           f"{settings.loss_timeout:.0f} s)")
-            for i in sorted(restarting):  # back to SERVING once the restart listens
-                if _listening(address, settings.worker_base_port + i):
-                    restarting.discard(i)
-                    health_status.set(f"hetrl.worker.{i}", SERVING)
-                    if not restarting:
-                        health_status.set("", SERVING)
-            for i, worker in enumerate(workers):
-                code = worker.exit_code()
-                if failure or (code != WORKER_EXIT_UNHEALTHY and not restartable(code)):
-                    continue
-                health_status.set(f"hetrl.worker.{i}", NOT_SERVING)
-                health_status.set("", NOT_SERVING)
-                restarts += 1
-                if code == WORKER_EXIT_UNHEALTHY:
-                    failure = (f"env host {cluster.current_host}: {worker.name} is unhealthy: "
-                               f"its env kept failing (env_failure_rate):\n{worker.log_tail()}")
-                    break
-                if restarts > MAX_WORKER_RESTARTS:
-                    failure = (f"env host {cluster.current_host}: {worker.name} crashed "
-                               f"{restarts} times; last exit code {code}:\n{worker.log_tail()}")
-                    break
-                log.error("%s exited with %d; restarting it", worker.name, code)
-                workers[i] = start_worker(i)
-                restarting.add(i)
-            if failure:
-                break
+            failure = _learner_lost(control, settings, started)
+            health_status.follow()
+            if failure is None:
+                try:
+                    for i in workers.poll():
+                        health_status.restarted(i)
+                except ChildFailedError as exc:
+                    health_status.failing()
+                    failure = f"env host {host}: {exc}"
     finally:
-        stop_all(workers, min(settings.stop_budget / 2, 30.0))
+        workers.stop(min(settings.stop_budget / 2, 30.0))
         if server is not None:
             server.stop(grace=1.0).wait(5.0)
     if failure:
         log.error("%s", failure)
         write_failure(cluster, failure)
         return EXIT_FAILED
-    log.info("env host %s stopped: %s", cluster.current_host, control.stop_reason)
+    log.info("env host %s stopped: %s", host, control.stop_reason)
     return EXIT_OK
+
+
+def _learner_lost(control: HostControl, settings: ClusterSettings, started: float) -> str | None:
+    """Why this host must fail for want of a learner (its dead-man's switch), or None."""
+    now, host = time.monotonic(), control.info.host
+    if control.first_heartbeat is None and now - started > settings.startup_timeout:
+        return (f"env host {host}: no learner connected within "
+                f"{settings.startup_timeout:.0f} s (startup_timeout)")
+    if control.last_heartbeat is not None and now - control.last_heartbeat > settings.loss_timeout:
+        return (f"env host {host}: learner gone for {now - control.last_heartbeat:.0f} s "
+                f"(loss_timeout {settings.loss_timeout:.0f} s)")
+    return None
 
 
 def _host_order(host: str) -> tuple:

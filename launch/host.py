@@ -25,14 +25,13 @@ from hetrl.launch.cluster import ClusterView, read_cluster
 from hetrl.launch.hyperparameters import from_hyperparameters
 from hetrl.launch.settings import ClusterSettings, LocalSettings
 from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_OK
 from hetrl.rollout.lifetime import catch_stop_early, die_with_parent
 from hetrl.rollout.settings import pick
 from hetrl.rollout.transport import token_from_env
 from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.host")
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
 
 def settings_for(cluster: ClusterView, argv: list[str]) -> ClusterSettings:

@@ -15,7 +15,6 @@ import logging
 import shutil
 import signal
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,19 +24,20 @@ import grpc
 
 from hetrl.launch.cluster import ClusterView, resolve, usable_cores
 from hetrl.launch.env_host import write_failure
-from hetrl.launch.processes import Child, child_environment, spawn, stop_all, wait_ready_file
+from hetrl.launch.processes import child_environment
 from hetrl.launch.settings import ClusterSettings
+from hetrl.launch.supervisor import Supervisor
 from hetrl.learner.learner import Learner
 from hetrl.learner.settings import LearnerSettings
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
 from hetrl.rollout.lifetime import early_stop
 from hetrl.rollout.settings import WorkerSettings, pick
 from hetrl.rollout.transport import auth_metadata, create_channel, transport_options
 
 log = logging.getLogger("hetrl.learner_host")
 
-EXIT_OK, EXIT_FAILED = 0, 1
 RPC_DEADLINE = 5.0
 
 
@@ -182,7 +182,7 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
             "trains on one learner host (set its instance count to 1)"
         )
     env_hosts = EnvHosts(cluster.hosts_of(settings.env_groups), settings, token)
-    local: list[Child] = []
+    local = _local_workers(settings, cluster, token)
     learner: Learner | None = None
     stop_reason: list[str] = []
     stop_since: list[float] = []  # when a signal asked for the stop
@@ -200,7 +200,8 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
         stop_reason.append(early)
     code, reason = EXIT_FAILED, "failed"
     try:
-        local_addresses = _start_local_workers(settings, cluster, token, local)
+        local_addresses = local.start_and_wait(_local_worker_count(settings),
+                                               settings.resolve_timeout)
         addresses = local_addresses + env_hosts.describe_all()
         if not addresses:
             raise ConfigError("no rollout workers: the env groups are empty and "
@@ -229,7 +230,7 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
         if unconfirmed:
             log.error("env hosts %s did not confirm the stop; their dead-man's switch "
                       "ends them within loss_timeout", unconfirmed)
-        stop_all(local, 10.0)
+        local.stop(10.0)
     if learner is not None:
         keep_final_model(cluster.model_dir, learner.checkpoint_dir)
         spent = time.monotonic() - stop_since[0] if stop_since else 0.0
@@ -274,24 +275,18 @@ def _write_cluster_file(cluster: ClusterView, settings: ClusterSettings) -> None
     (cluster.model_dir / "cluster.json").write_text(json.dumps({"instances": instances}))
 
 
-def _start_local_workers(
-    settings: ClusterSettings, cluster: ClusterView, token: str, children: list[Child]
-) -> list[str]:
-    count = settings.learner_host_workers
-    if count < 0:
-        count = max(0, usable_cores() - settings.learner_cores)
-    run_dir = cluster.base_dir / "hetrl"
-    env = child_environment(token)
-    for i in range(count):
-        ready = run_dir / f"local-worker-{i}.ready"
-        ready.unlink(missing_ok=True)
-        worker = pick(WorkerSettings, settings, worker_id=900_000 + i, host="127.0.0.1",
-                      port=0, ready_file=str(ready),
-                      learner_timeout=settings.resolve_timeout + settings.loss_timeout)
-        children.append(spawn(f"local-worker-{i}", "hetrl.rollout.worker", worker, run_dir, env,
-                              echo=sys.__stdout__,
-                              echo_prefix=f"[{cluster.current_host} local-worker-{i}] "))
-    return [
-        wait_ready_file(child, run_dir / f"local-worker-{i}.ready", settings.resolve_timeout)
-        for i, child in enumerate(children)
-    ]
+def _local_workers(settings: ClusterSettings, cluster: ClusterView, token: str) -> Supervisor:
+    """The rollout workers on this host's spare cores (loopback only), not yet started.
+    Nothing restarts them: the learner trains on without a local worker that dies."""
+    return Supervisor(
+        lambda i, port, ready: pick(
+            WorkerSettings, settings, worker_id=900_000 + i, host="127.0.0.1", port=port,
+            ready_file=ready, learner_timeout=settings.resolve_timeout + settings.loss_timeout),
+        cluster.base_dir / "hetrl", child_environment(token), name="local-worker",
+        echo_host=cluster.current_host)
+
+
+def _local_worker_count(settings: ClusterSettings) -> int:
+    if settings.learner_host_workers < 0:
+        return max(0, usable_cores() - settings.learner_cores)
+    return settings.learner_host_workers

@@ -4,11 +4,12 @@ The launcher checks the settings and the env before spawning anything, starts th
 workers (each binds a free loopback port and reports it in a ready file), starts the
 learner with their addresses, and supervises: the run succeeds when the learner exits
 0 (its outputs are then complete); workers still running after it are stopped. A worker
-that crashes, is killed or hangs during training is restarted on its port (at most
-MAX_WORKER_RESTARTS times in the run) and the learner's stream reconnects to it; none is
-restarted once the learner has begun to stop; a worker whose env keeps failing (exit
-code unhealthy), a failing learner, Ctrl-C or SIGTERM stop every child (SIGTERM, then
-SIGKILL after a grace) and the launcher exits non-zero.
+that crashes, is killed or hangs during training is restarted on its port by the
+workers' supervisor (launch.supervisor, at most MAX_WORKER_RESTARTS times in the run)
+and the learner's stream reconnects to it; none is restarted once the learner has begun
+to stop; a worker whose env keeps failing (exit code unhealthy), a failing learner,
+Ctrl-C or SIGTERM stop every child (SIGTERM, then SIGKILL after a grace) and the
+launcher exits non-zero, except after a SIGTERM that every child honoured (exit 0).
 """
 
 from __future__ import annotations
@@ -26,28 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.launch.hyperparameters import check_names
-from hetrl.launch.processes import (
-    MAX_WORKER_RESTARTS,
-    WORKER_EXIT_UNHEALTHY,
-    Child,
-    child_environment,
-    restartable,
-    spawn,
-    stop_all,
-    wait_all,
-    wait_ready_file,
-)
+from hetrl.launch.processes import Child, child_environment, spawn, stop_all
 from hetrl.launch.settings import LocalSettings
+from hetrl.launch.supervisor import Supervisor
 from hetrl.learner.metrics import TRACK_NEEDS
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import ChildFailedError, ConfigError
+from hetrl.rollout.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from hetrl.rollout.settings import SNAPSHOT_GLOB, EvaluatorSettings, WorkerSettings, pick
 from hetrl.rollout.transport import new_token
 
 log = logging.getLogger("hetrl.launch")
-
-EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130  # 130: Ctrl-C, as shells report it
 
 
 @dataclasses.dataclass
@@ -193,8 +184,15 @@ def _finish_evaluations(evaluator: Child, folder: Path, timeout: float) -> None:
 
 def _supervise(settings: LocalSettings, run_dir: Path) -> int:
     env = child_environment(new_token())
-    children: list[Child] = []
+    workers = Supervisor(
+        lambda i, port, ready: pick(WorkerSettings, settings, worker_id=i, host="127.0.0.1",
+                                    port=port, ready_file=ready),
+        run_dir, env)
+    learner: Child | None = None
     evaluator: Child | None = None
+
+    def children() -> list[Child]:  # stopped together: the learner checkpoints meanwhile
+        return [*workers.workers, *([learner] if learner is not None else [])]
 
     def on_signal(signum, _frame):
         raise _Interrupted(signum)
@@ -205,53 +203,35 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
         for s in previous:
             signal.signal(s, on_signal)
     try:
-        addresses = []
-        for i in range(settings.workers):
-            ready = run_dir / f"worker-{i}.ready"
-            ready.unlink(missing_ok=True)
-            worker = pick(WorkerSettings, settings, worker_id=i, host="127.0.0.1", port=0,
-                          ready_file=str(ready))
-            children.append(spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env))
-        for i, child in enumerate(children):
-            addresses.append(
-                wait_ready_file(child, run_dir / f"worker-{i}.ready", settings.startup_timeout)
-            )
+        addresses = workers.start_and_wait(settings.workers, settings.startup_timeout)
         finishing = run_dir / "learner.finishing"
         finishing.unlink(missing_ok=True)
         learner_settings = pick(LearnerSettings, settings, worker_addresses=tuple(addresses),
                                 finishing_file=str(finishing))
         learner = spawn("learner", "hetrl.learner.learner", learner_settings, run_dir, env,
                         log_to_file=False)
-        children.append(learner)
         if settings.eval_every:  # beside the run, never supervised as a worker
             evaluator = spawn("evaluator", "hetrl.rollout.evaluate", EvaluatorSettings(
                 eval_dir=str(Path(settings.out) / "eval"),
                 eval_episodes=settings.eval_episodes, seed=settings.seed), run_dir, env)
-
-        def restart(i: int) -> Child:
-            port = int(addresses[i].rsplit(":", 1)[1])
-            worker = pick(WorkerSettings, settings, worker_id=i, host="127.0.0.1", port=port,
-                          ready_file="")
-            return spawn(f"worker-{i}", "hetrl.rollout.worker", worker, run_dir, env)
-
-        code = _watch(children, learner, settings, restart, finishing)
+        code = _watch(workers, learner, finishing, settings.shutdown_grace)
         if evaluator is not None and code == EXIT_OK:
             _finish_evaluations(evaluator, Path(settings.out) / "eval", settings.shutdown_grace)
         return code
     except _Interrupted as exc:
         print(f"\nhetrl: {exc} received; stopping all processes", file=sys.stderr)
-        stop_all(children, settings.shutdown_grace)
-        if exc.signum == signal.SIGTERM and all(c.exit_code() == 0 for c in children):
+        stop_all(children(), settings.shutdown_grace)
+        if exc.signum == signal.SIGTERM and all(c.exit_code() == 0 for c in children()):
             # A stop (SageMaker's, a scheduler's) that every child honoured: the learner
             # checkpointed and saved its model, so the stop itself succeeded.
             return EXIT_OK
         return EXIT_INTERRUPTED
     except ChildFailedError as exc:
         print(f"hetrl: {exc}", file=sys.stderr)
-        stop_all(children, settings.shutdown_grace)
-        return EXIT_ERROR
+        stop_all(children(), settings.shutdown_grace)
+        return EXIT_FAILED
     finally:
-        stop_all(children, settings.shutdown_grace)  # no-op when all have exited
+        stop_all(children(), settings.shutdown_grace)  # no-op when all have exited
         if evaluator is not None:
             stop_all([evaluator], settings.shutdown_grace)
         if in_main:
@@ -259,70 +239,27 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
                 signal.signal(s, handler)
 
 
-def _watch(children: list[Child], learner: Child, settings: LocalSettings, restart,
-           finishing: Path) -> int:
-    """Wait for the learner, restarting crashed workers in `children` in place.
+def _watch(workers: Supervisor, learner: Child, finishing: Path, grace: float) -> int:
+    """Wait for the learner while `workers` restarts those that crash; on its success,
+    let the workers finish (launch.supervisor) and return EXIT_OK.
 
     Once the learner has begun to stop (it creates `finishing` first) or has exited,
     nothing is restarted: a worker born then would wait for a learner that never comes.
+
+    Raises:
+        ChildFailedError: the learner failed, or a worker did (Supervisor.poll).
     """
-    workers = [i for i, c in enumerate(children) if c is not learner]
-    restarts = 0
-    while True:
-        code = learner.exit_code()
-        if code is not None:
-            if code != 0:
-                raise ChildFailedError(f"the learner exited with code {code}; see its output above")
-            _end_workers([children[i] for i in workers], settings.shutdown_grace)
-            return EXIT_OK
-        for i in workers:
-            # Exit 0 is a worker the learner (or an operator) stopped; the learner
-            # carries on with the others or reports that none is left.
-            worker = children[i]
-            code = worker.exit_code()
-            if code == WORKER_EXIT_UNHEALTHY:
-                raise ChildFailedError(
-                    f"{worker.name} is unhealthy: its env kept failing after being recreated "
-                    f"(--env-failure-rate {settings.env_failure_rate} over "
-                    f"--env-failure-window {settings.env_failure_window}). Fix the env; its "
-                    f"last error:\n{worker.log_tail()}"
-                )
-            if not restartable(code):
-                continue
-            if finishing.exists() or learner.exit_code() is not None:
-                break  # training is over: the learner's exit is handled at the top
-            restarts += 1
-            if restarts > MAX_WORKER_RESTARTS:
-                raise ChildFailedError(
-                    f"{worker.name} exited with code {code} during training, after "
-                    f"{MAX_WORKER_RESTARTS} worker restarts in this run:\n{worker.log_tail()}"
-                )
-            print(f"hetrl: {worker.name} exited with code {code}; restarting it "
-                  f"({restarts}/{MAX_WORKER_RESTARTS})", file=sys.stderr)
-            children[i] = restart(i)
+
+    def training() -> bool:
+        return not finishing.exists() and learner.exit_code() is None
+
+    while (code := learner.exit_code()) is None:
+        workers.poll(may_restart=training)
         time.sleep(0.1)
-
-
-# After the learner's Stop, a healthy worker exits within its server's 2 s grace.
-_STOPPED_WORKER_EXIT = 5.0
-
-
-def _end_workers(workers: list[Child], grace: float) -> None:
-    """The learner finished: the run's outputs are complete. Workers it stopped exit by
-    themselves; any still running then (one that crashed or hung near the end and never
-    heard the Stop) gets SIGTERM, then SIGKILL after `grace`. A worker's exit after the
-    learner's success is reported, never a failure of the run."""
-    wait_all(workers, min(grace, _STOPPED_WORKER_EXIT))
-    late = [w for w in workers if w.exit_code() is None]
-    if late:
-        print(f"hetrl: {', '.join(w.name for w in late)} still running after the learner "
-              "finished; stopping them", file=sys.stderr)
-        stop_all(late, grace)
-    for worker in workers:
-        code = worker.exit_code()
-        if code not in (0, None) and worker not in late:
-            print(f"hetrl: note: {worker.name} exited with code {code} as training ended "
-                  "(the model and metrics are complete)", file=sys.stderr)
+    if code != EXIT_OK:
+        raise ChildFailedError(f"the learner exited with code {code}; see its output above")
+    workers.finish(grace)
+    return EXIT_OK
 
 
 def _is_main_thread() -> bool:

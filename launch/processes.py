@@ -4,10 +4,9 @@ Children are plain `python -m <module> SETTINGS_JSON` processes (settings as JSO
 pickle), with the shared token in their environment, their logs in files, and
 PR_SET_PDEATHSIG (set by each child itself, rollout.lifetime) so the kernel stops them
 if the launcher dies without cleaning up.
-`stop_all` sends SIGTERM, waits a bounded grace, then SIGKILLs what is left.
-`restartable` is the one rule both supervisors (local launcher, env host) apply to a
-worker that exited: restart it, at most MAX_WORKER_RESTARTS times, unless it exited
-cleanly or reported an env that keeps failing.
+`stop_all` sends SIGTERM, waits a bounded grace, then SIGKILLs what is left. What to do
+when a child exits is not decided here: launch.supervisor restarts workers, and each
+launcher watches its own learner or hosts.
 """
 
 from __future__ import annotations
@@ -27,17 +26,6 @@ from hetrl.rollout.errors import ChildFailedError
 from hetrl.rollout.lifetime import PARENT_ENV
 from hetrl.rollout.settings import to_json
 from hetrl.rollout.userpath import USER_PATH_ENV
-
-# Worker restarts a supervisor allows per run (crashes, kills, hangs) before giving up.
-MAX_WORKER_RESTARTS = 3
-# Must equal rollout.worker.EXIT_UNHEALTHY (not imported: that pulls in torch).
-WORKER_EXIT_UNHEALTHY = 4
-
-
-def restartable(code: int | None) -> bool:
-    """Whether a supervisor should restart a worker that exited with `code`: not while
-    it runs, not after a clean exit (0), not when its env keeps failing (unhealthy)."""
-    return code not in (None, 0, WORKER_EXIT_UNHEALTHY)
 
 
 @dataclasses.dataclass

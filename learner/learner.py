@@ -46,6 +46,7 @@ from hetrl.learner.utilisation import UtilisationSampler
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import HetrlError, NonFiniteError, OutputError
 from hetrl.rollout.evaluate import model_metadata
+from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
 from hetrl.rollout.lifetime import die_with_parent
 from hetrl.rollout.policy import Policy, action_dtype, policy_arrays
 from hetrl.rollout.settings import from_json, to_json
@@ -54,7 +55,6 @@ from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.learner")
 
-EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 0
 # Seconds the final Stop waits for the workers' streams to end, after the model and the
 # checkpoint are written; a worker that is hung in its env never answers it.
 FINAL_STOP_SECONDS = 5.0
@@ -216,9 +216,10 @@ class Learner:
                 if time.monotonic() - self._last_checkpoint > s.checkpoint_every:
                     self._save_outputs(periodic=True)
             if self._stop_reason is not None:
-                outcome, code = f"stopped: {self._stop_reason}", EXIT_INTERRUPTED
+                # A stop is a success once the model and checkpoint are saved below.
+                outcome, code = f"stopped: {self._stop_reason}", EXIT_OK
         except HetrlError as exc:
-            outcome, code = f"failed: {exc}", EXIT_ERROR
+            outcome, code = f"failed: {exc}", EXIT_FAILED
             log.error("%s", exc)
         finally:
             if s.finishing_file:
@@ -236,7 +237,7 @@ class Learner:
             self.evals.final(self.policy, self.global_step)
             self.evals.forward(metrics)
             self.books.close()
-        return EXIT_ERROR if failed else code
+        return EXIT_FAILED if failed else code
 
     def _save_outputs(self, periodic: bool) -> bool:
         """Write the model, then a checkpoint; True if either failed. A failure (a full
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_learner(from_json(LearnerSettings, Path(argv[0]).read_text()))
     except HetrlError as exc:
         log.error("%s", exc)
-        return EXIT_ERROR
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from hetrl.rollout.errors import (
     NonFiniteError,
     WireFormatError,
 )
+from hetrl.rollout.exits import EXIT_FAILED, EXIT_HUNG, EXIT_NO_LEARNER, EXIT_OK, EXIT_UNHEALTHY
 from hetrl.rollout.lifetime import die_with_parent
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.settings import WorkerSettings, from_json
@@ -62,9 +63,6 @@ from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.worker")
 
-# Exit codes the launcher understands. A supervisor restarts a worker that exits with
-# anything but OK or UNHEALTHY (an env that keeps failing would only fail again).
-EXIT_OK, EXIT_ERROR, EXIT_NO_LEARNER, EXIT_UNHEALTHY, EXIT_HUNG = 0, 1, 3, 4, 5
 SERVICE_NAME = "hetrl.Rollout"
 
 
@@ -409,7 +407,7 @@ def run_worker(settings: WorkerSettings) -> int:
         server.stop(grace=2.0).wait(5.0)
         worker.close()
     if worker.failure is not None:
-        code = EXIT_UNHEALTHY if worker.unhealthy else EXIT_ERROR
+        code = EXIT_UNHEALTHY if worker.unhealthy else EXIT_FAILED
     log.info(
         "worker %d stopped (%s): %d fragments sent, %d lost, %d env faults, %d episodes "
         "aborted, %d malformed and %d non-finite weights refused",
@@ -433,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNHEALTHY
     except HetrlError as exc:
         log.error("%s", exc)
-        return EXIT_ERROR
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -174,25 +174,35 @@ def test_no_worker_is_restarted_once_the_learner_is_finishing(tmp_path: Path) ->
 
     from hetrl.launch.local import _watch
     from hetrl.launch.processes import spawn_command
-    from hetrl.launch.settings import LocalSettings
+    from hetrl.launch.supervisor import Supervisor
+    from hetrl.rollout.settings import WorkerSettings
 
     finishing = tmp_path / "learner.finishing"
 
     def python(name: str, code: str):
         return spawn_command(name, [sys.executable, "-c", code], dict(os.environ), None)
 
+    # Worker 0 exits with the watchdog's code (5) once the learner is finishing, as a hung
+    # env would; worker 1 never hears a Stop.
+    workers_code = [f"import os, time\nwhile not os.path.exists({str(finishing)!r}):"
+                    " time.sleep(0.01)\nraise SystemExit(5)",
+                    "import time; time.sleep(600)"]
+    spawned: list[int] = []
+
+    class StandIns(Supervisor):
+        def spawn(self, index: int, port: int, ready_file: str):
+            spawned.append(index)
+            return python(f"worker-{index}", workers_code[index])
+
+    workers = StandIns(lambda *_: WorkerSettings(), tmp_path, dict(os.environ))
+    workers.start([0, 0])
+    dying, deaf = workers.workers
     learner = python("learner", f"import pathlib, time; pathlib.Path({str(finishing)!r}).touch()"
                                 "; time.sleep(1.0)")
-    # Exits with the watchdog's code (5) once the learner is finishing, as a hung env would.
-    dying = python("worker-0", f"import os, time\nwhile not os.path.exists({str(finishing)!r}):"
-                               " time.sleep(0.01)\nraise SystemExit(5)")
-    deaf = python("worker-1", "import time; time.sleep(600)")  # never hears a Stop
-    restarted: list[int] = []
     started = time.monotonic()
-    code = _watch([dying, deaf, learner], learner, LocalSettings(shutdown_grace=5.0),
-                  restarted.append, finishing)
+    code = _watch(workers, learner, finishing, grace=5.0)
     assert code == 0
-    assert restarted == []
+    assert spawned == [0, 1]  # nothing restarted
     assert dying.exit_code() == 5 and deaf.exit_code() is not None
     assert time.monotonic() - started < 30
 

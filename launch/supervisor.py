@@ -1,0 +1,164 @@
+"""The one supervisor of rollout worker processes: `hetrl local`, an env host and the
+learner host's own workers all start, restart and stop their workers through it.
+
+A `Supervisor` spawns N workers, either on free ports, waiting for each to report its
+address in a ready file, or on known ports without waiting. Polled by its caller, it
+restarts on its port a worker that crashed, was killed or hung (any exit but OK and
+UNHEALTHY, see `restartable`), at most MAX_WORKER_RESTARTS times in the run and only
+while the caller allows it; a worker whose env keeps failing (EXIT_UNHEALTHY) is a
+failure at once, since a new process would fail the same way. It stops them all
+(SIGTERM, then SIGKILL after a grace), or, once a learner has finished, lets them exit
+and reports late exits as notes. It says what it does through the caller's `say`. It
+never decides when a run ends: its caller watches the learner or the control service.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from hetrl.launch.processes import Child, spawn, stop_all, wait_all, wait_ready_file
+from hetrl.rollout.errors import ChildFailedError
+from hetrl.rollout.exits import EXIT_OK, EXIT_UNHEALTHY
+from hetrl.rollout.settings import WorkerSettings
+
+# Worker restarts a supervisor allows per run (crashes, kills, hangs) before giving up.
+MAX_WORKER_RESTARTS = 3
+# After the learner's Stop, a healthy worker exits within its server's 2 s grace.
+STOPPED_WORKER_EXIT = 5.0
+
+SettingsFor = Callable[[int, int, str], WorkerSettings]
+"""(index, port, ready_file) -> the settings of worker `index`; port 0 binds a free one,
+an empty ready_file writes none."""
+
+
+def restartable(code: int | None) -> bool:
+    """Whether a worker that exited with `code` is restarted: not while it runs, not after
+    a clean exit (a stop on purpose), not when its env keeps failing (unhealthy)."""
+    return code not in (None, EXIT_OK, EXIT_UNHEALTHY)
+
+
+def _to_stderr(message: str) -> None:
+    print(f"hetrl: {message}", file=sys.stderr)
+
+
+class Supervisor:
+    """Rollout worker processes of one host under one restart rule.
+
+    Args:
+        settings_for: the settings of each worker, given its index, port and ready file.
+        run_dir: where each worker's settings, log and ready file go.
+        env: the workers' environment (launch.processes.child_environment).
+        name: workers are `<name>-<index>`, in process names, logs and messages.
+        echo_host: when given, each worker's lines also reach this process's stdout
+            prefixed `[<echo_host> <name>-<index>]` (a cluster host's CloudWatch stream).
+        say: where restarts and late exits are told (default: `hetrl: ...` on stderr).
+    """
+
+    def __init__(self, settings_for: SettingsFor, run_dir: Path, env: dict[str, str], *,
+                 name: str = "worker", echo_host: str | None = None,
+                 say: Callable[[str], None] = _to_stderr) -> None:
+        self.settings_for, self.run_dir, self.env = settings_for, run_dir, env
+        self.name, self.echo_host, self.say = name, echo_host, say
+        self.workers: list[Child] = []
+        """The current process of each worker (a restart replaces it in place)."""
+        self.ports: list[int] = []
+        self.restarts = 0
+
+    def spawn(self, index: int, port: int, ready_file: str) -> Child:
+        """Start the process of worker `index`: the one place a worker is started."""
+        name = f"{self.name}-{index}"
+        settings = self.settings_for(index, port, ready_file)
+        if self.echo_host is None:
+            return spawn(name, "hetrl.rollout.worker", settings, self.run_dir, self.env)
+        return spawn(name, "hetrl.rollout.worker", settings, self.run_dir, self.env,
+                     echo=sys.__stdout__, echo_prefix=f"[{self.echo_host} {name}] ")
+
+    def start(self, ports: Sequence[int]) -> None:
+        """Spawn worker i on ports[i], without waiting for it to listen."""
+        for port in ports:
+            self.ports.append(port)
+            self.workers.append(self.spawn(len(self.workers), port, ""))
+
+    def start_and_wait(self, count: int, timeout: float) -> list[str]:
+        """Spawn `count` workers on free ports (instead of `start`) and wait up to
+        `timeout` s for each to report its address; return the addresses. Restarts
+        reuse the same ports.
+
+        Raises:
+            ChildFailedError: a worker exited before it was ready, or was not in time.
+        """
+        ready = [self.run_dir / f"{self.name}-{i}.ready" for i in range(count)]
+        for path in ready:
+            path.unlink(missing_ok=True)
+            self.ports.append(0)
+            self.workers.append(self.spawn(len(self.workers), 0, str(path)))
+        addresses = [wait_ready_file(w, path, timeout)
+                     for w, path in zip(self.workers, ready, strict=True)]
+        self.ports = [int(address.rsplit(":", 1)[1]) for address in addresses]
+        return addresses
+
+    def poll(self, may_restart: Callable[[], bool] = lambda: True) -> list[int]:
+        """Look at every worker once and restart, on its port, each that crashed, was
+        killed or hung, as long as `may_restart()` (asked just before each restart)
+        allows it. A worker that exited 0 was stopped on purpose and stays stopped.
+
+        Returns:
+            The indices of the workers restarted.
+
+        Raises:
+            ChildFailedError: a worker's env keeps failing, or a restart would exceed
+                MAX_WORKER_RESTARTS in this run; the message carries the worker's log tail.
+        """
+        restarted = []
+        for i, worker in enumerate(self.workers):
+            code = worker.exit_code()
+            if code == EXIT_UNHEALTHY:
+                rule = self.settings_for(i, self.ports[i], "")
+                raise ChildFailedError(
+                    f"{worker.name} is unhealthy: its env kept failing after being recreated "
+                    f"(--env-failure-rate {rule.env_failure_rate} over --env-failure-window "
+                    f"{rule.env_failure_window}). Fix the env; its last error:\n"
+                    f"{worker.log_tail()}"
+                )
+            if not restartable(code):
+                continue
+            if not may_restart():
+                break
+            self.restarts += 1
+            if self.restarts > MAX_WORKER_RESTARTS:
+                raise ChildFailedError(
+                    f"{worker.name} exited with code {code} during training, after "
+                    f"{MAX_WORKER_RESTARTS} worker restarts in this run:\n{worker.log_tail()}"
+                )
+            self.say(f"{worker.name} exited with code {code}; restarting it "
+                     f"({self.restarts}/{MAX_WORKER_RESTARTS})")
+            self.workers[i] = self.spawn(i, self.ports[i], "")
+            restarted.append(i)
+        return restarted
+
+    def running(self) -> int:
+        """How many workers are running now."""
+        return sum(worker.exit_code() is None for worker in self.workers)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM every running worker, SIGKILL those still running after `grace` s."""
+        stop_all(self.workers, grace)
+
+    def finish(self, grace: float) -> None:
+        """The learner finished, so the run's outputs are complete. Workers it stopped
+        exit by themselves; any still running after that (one that crashed or hung near
+        the end and never heard the Stop) gets SIGTERM, then SIGKILL after `grace`. A
+        worker's exit after the learner's success is told as a note, never a failure."""
+        wait_all(self.workers, min(grace, STOPPED_WORKER_EXIT))
+        late = [w for w in self.workers if w.exit_code() is None]
+        if late:
+            self.say(f"{', '.join(w.name for w in late)} still running after the learner "
+                     "finished; stopping them")
+            stop_all(late, grace)
+        for worker in self.workers:
+            code = worker.exit_code()
+            if code not in (0, None) and worker not in late:
+                self.say(f"note: {worker.name} exited with code {code} as training ended "
+                         "(the model and metrics are complete)")
