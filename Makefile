@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make train   creates .venv, installs hetrl (the core package only), trains CartPole-v1
 #   make test    also installs the extras (SageMaker SDK, MuJoCo, Atari, video, W&B, test tools),
-#                then runs lint and the tests
+#                then runs lint (ruff, mypy) and the tests
 #
 # torch: TORCH pins the CPU build this project is developed against. Where plain PyPI would
 # hand you a multi-GB CUDA build you do not want, point pip at PyTorch's CPU wheels:
@@ -37,8 +37,7 @@ train: $(VENV)/.core
 	$(VENV)/bin/hetrl local --env CartPole-v1 --workers 2 --envs-per-worker 8 \
 		--total-steps 300000 --seed 1
 
-test: setup
-	$(VENV)/bin/ruff check .
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks (not tests): tables on stdout, JSON and plots in bench/results/.
@@ -46,8 +45,14 @@ test: setup
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)
 
+# mypy finds packages by folder name, and this checkout *is* the package hetrl (its folder
+# may be called anything): it checks the rooms through a link named hetrl.
+MYPY_ROOT := $(VENV)/mypy-root
 lint: setup
 	$(VENV)/bin/ruff check .
+	mkdir -p $(MYPY_ROOT) && ln -sfn "$(CURDIR)" $(MYPY_ROOT)/hetrl
+	cd $(MYPY_ROOT) && MYPYPATH=. "$(CURDIR)/$(PY)" -m mypy --config-file "$(CURDIR)/pyproject.toml" \
+		--cache-dir "$(CURDIR)/$(VENV)/.mypy_cache" -p hetrl.rollout -p hetrl.learner -p hetrl.launch -m hetrl
 
 protos: setup
 	$(PY) -m hetrl.protos.generate

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,7 @@ def _launch(settings: ClusterSettings) -> int:  # dispatched in main(), see ther
 
 ROLE_SETTINGS = (LocalSettings, ClusterSettings, LearnerSettings, WorkerSettings)
 
-COMMANDS = {
+COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "local": (LocalSettings, _local),
     "launch": (ClusterSettings, _launch),
     "emulate": (EmulateSettings, _emulate),

@@ -183,7 +183,7 @@ def start_host(cluster: EmulatedCluster, host: str, wrapper: tuple[str, ...] = (
     env = {**cluster.environment, "SAGEMAKER_BASE_DIR": str(cluster.root / "hosts" / host),
            **(environment or {})}
     # The learner host's log is the run's progress: show it; env hosts log to files.
-    log_path = cluster.root / "hosts" / host / "host.log"
+    log_path: Path | None = cluster.root / "hosts" / host / "host.log"
     if host == cluster.learner and (cluster.learner_log or cluster.echo is None):
         log_path = cluster.learner_log
     command = (*wrapper, *(command or (*PYTHON, "-m", "hetrl.launch.host")))

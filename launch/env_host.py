@@ -26,7 +26,7 @@ from pathlib import Path
 
 import grpc
 import psutil
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hetrl.launch.cluster import ClusterView, resolve, usable_cores
@@ -99,7 +99,8 @@ def add_control_to_server(control: HostControl, server: grpc.Server) -> None:
     """Serve `control` as hetrl.HostControl. Requests arrive as bytes and are parsed here,
     so bytes that are not the request are answered INVALID_ARGUMENT and counted
     (grpcio's own deserializer would answer INTERNAL and log a traceback)."""
-    methods = {"Describe": (hetrl_pb2.DescribeRequest, hetrl_pb2.HostInfo),
+    methods: dict[str, tuple[type[Message], type[Message]]] = {
+               "Describe": (hetrl_pb2.DescribeRequest, hetrl_pb2.HostInfo),
                "Heartbeat": (hetrl_pb2.HeartbeatRequest, hetrl_pb2.HeartbeatReply),
                "Stop": (hetrl_pb2.StopRequest, hetrl_pb2.StopReply)}
 
@@ -182,7 +183,7 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
         lambda i, port, ready: pick(
             WorkerSettings, settings, worker_id=_worker_id(cluster, i), host=address,
             port=port, ready_file=ready,
-            learner_timeout=settings.startup_timeout + settings.loss_timeout),
+            learner_timeout=settings.first_heartbeat_timeout + settings.loss_timeout),
         cluster.base_dir / "hetrl", child_environment(token), echo_host=host, say=log.error)
     workers.start(ports)  # forked before this process creates any gRPC threads
     control.workers_running = workers.running
@@ -224,9 +225,9 @@ def run_env_host(settings: ClusterSettings, cluster: ClusterView, token: str) ->
 def _learner_lost(control: HostControl, settings: ClusterSettings, started: float) -> str | None:
     """Why this host must fail for want of a learner (its dead-man's switch), or None."""
     now, host = time.monotonic(), control.info.host
-    if control.first_heartbeat is None and now - started > settings.startup_timeout:
+    if control.first_heartbeat is None and now - started > settings.first_heartbeat_timeout:
         return (f"env host {host}: no learner connected within "
-                f"{settings.startup_timeout:.0f} s (startup_timeout)")
+                f"{settings.first_heartbeat_timeout:.0f} s (first_heartbeat_timeout)")
     if control.last_heartbeat is not None and now - control.last_heartbeat > settings.loss_timeout:
         return (f"env host {host}: learner gone for {now - control.last_heartbeat:.0f} s "
                 f"(loss_timeout {settings.loss_timeout:.0f} s)")

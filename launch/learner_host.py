@@ -24,7 +24,8 @@ import grpc
 
 from hetrl.launch.cluster import ClusterView, resolve, usable_cores
 from hetrl.launch.env_host import write_failure
-from hetrl.launch.processes import child_environment
+from hetrl.launch.evaluator import finish_evaluations, start_evaluator
+from hetrl.launch.processes import Child, child_environment, stop_all
 from hetrl.launch.settings import ClusterSettings
 from hetrl.launch.supervisor import Supervisor
 from hetrl.learner.learner import Learner
@@ -183,6 +184,7 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
         )
     env_hosts = EnvHosts(cluster.hosts_of(settings.env_groups), settings, token)
     local = _local_workers(settings, cluster, token)
+    evaluator: Child | None = None
     learner: Learner | None = None
     stop_reason: list[str] = []
     stop_since: list[float] = []  # when a signal asked for the stop
@@ -201,7 +203,7 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
     code, reason = EXIT_FAILED, "failed"
     try:
         local_addresses = local.start_and_wait(_local_worker_count(settings),
-                                               settings.resolve_timeout)
+                                               settings.resolve_timeout, "resolve_timeout")
         addresses = local_addresses + env_hosts.describe_all()
         if not addresses:
             raise ConfigError("no rollout workers: the env groups are empty and "
@@ -211,6 +213,10 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
                                 out=str(cluster.model_dir))
         learner = Learner(learner_settings, token)
         learner.extra_metrics = env_hosts.metrics
+        if settings.eval_every:  # on this host's spare CPU, beside the learner
+            evaluator = start_evaluator(cluster.model_dir, settings.eval_episodes,
+                                        settings.seed, cluster.base_dir / "hetrl",
+                                        child_environment(token))
         _write_cluster_file(cluster, settings)
         if stop_reason:
             learner.request_stop(stop_reason[-1])
@@ -231,6 +237,10 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
             log.error("env hosts %s did not confirm the stop; their dead-man's switch "
                       "ends them within loss_timeout", unconfirmed)
         local.stop(10.0)
+        if evaluator is not None:
+            if code == EXIT_OK and not stop_since:  # no stop deadline runs: play the last
+                finish_evaluations(evaluator, cluster.model_dir, FINAL_EVALUATION_SECONDS)
+            stop_all([evaluator], 5.0)
     if learner is not None:
         keep_final_model(cluster.model_dir, learner.checkpoint_dir)
         spent = time.monotonic() - stop_since[0] if stop_since else 0.0
@@ -246,6 +256,8 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
 
 
 FINAL_MODEL = ("model.safetensors", "summary.json")
+FINAL_EVALUATION_SECONDS = 60.0
+"""How long a job that ended by itself waits for the evaluation of its final policy."""
 
 
 def keep_final_model(model_dir: Path, checkpoint_dir: Path) -> None:

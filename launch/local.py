@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetrl.launch.evaluator import finish_evaluations, start_evaluator
 from hetrl.launch.hyperparameters import check_names
 from hetrl.launch.processes import Child, child_environment, spawn, stop_all
 from hetrl.launch.settings import LocalSettings
@@ -35,7 +36,7 @@ from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import ChildFailedError, ConfigError
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from hetrl.rollout.settings import SNAPSHOT_GLOB, EvaluatorSettings, WorkerSettings, pick
+from hetrl.rollout.settings import WorkerSettings, pick
 from hetrl.rollout.transport import new_token
 
 log = logging.getLogger("hetrl.launch")
@@ -173,15 +174,6 @@ def prepare_out_dir(settings: LocalSettings) -> Path:
     return out
 
 
-def _finish_evaluations(evaluator: Child, folder: Path, timeout: float) -> None:
-    """Give the evaluator up to `timeout` s to play the learner's final snapshot, so the
-    report shows how the final policy does; then it is stopped like every child."""
-    deadline = time.monotonic() + timeout
-    while (time.monotonic() < deadline and evaluator.exit_code() is None
-           and any(folder.glob(SNAPSHOT_GLOB))):
-        time.sleep(0.1)
-
-
 def _supervise(settings: LocalSettings, run_dir: Path) -> int:
     env = child_environment(new_token())
     workers = Supervisor(
@@ -210,13 +202,12 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
                                 finishing_file=str(finishing))
         learner = spawn("learner", "hetrl.learner.learner", learner_settings, run_dir, env,
                         log_to_file=False)
-        if settings.eval_every:  # beside the run, never supervised as a worker
-            evaluator = spawn("evaluator", "hetrl.rollout.evaluate", EvaluatorSettings(
-                eval_dir=str(Path(settings.out) / "eval"),
-                eval_episodes=settings.eval_episodes, seed=settings.seed), run_dir, env)
+        if settings.eval_every:
+            evaluator = start_evaluator(Path(settings.out), settings.eval_episodes,
+                                        settings.seed, run_dir, env)
         code = _watch(workers, learner, finishing, settings.shutdown_grace)
         if evaluator is not None and code == EXIT_OK:
-            _finish_evaluations(evaluator, Path(settings.out) / "eval", settings.shutdown_grace)
+            finish_evaluations(evaluator, Path(settings.out), settings.shutdown_grace)
         return code
     except _Interrupted as exc:
         print(f"\nhetrl: {exc} received; stopping all processes", file=sys.stderr)

@@ -16,7 +16,7 @@ import shutil
 import sys
 import threading
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import IO, TextIO
 
 _write_lock = threading.Lock()  # whole lines from every thread, never interleaved
 
@@ -65,7 +65,7 @@ def tee_host_output(prefix: str, log_file: Path) -> None:
     sys.stderr = PrefixedStream(prefix, sys.__stderr__ or file, file)
 
 
-def pump(pipe: BinaryIO, log_path: Path | None, prefix: str,
+def pump(pipe: IO[bytes], log_path: Path | None, prefix: str,
          echo: TextIO | None = None) -> threading.Thread:
     """Copy a child's output, line by line, to `log_path` and (prefixed) to `echo` (if
     any) until the child closes it; return the thread."""

@@ -18,6 +18,8 @@ import math
 import time
 from pathlib import Path
 
+import gymnasium as gym
+
 from hetrl.launch.prices import cost_per_million_steps, load_prices
 from hetrl.launch.settings import InstanceTypes
 from hetrl.rollout.errors import ConfigError
@@ -64,7 +66,9 @@ def measure_core_rate(settings: PlanSettings) -> float:
     torch.set_num_threads(1)
     envs = make_vector_env(settings, settings.envs_per_worker, settings.vector_mode)
     try:
-        policy = Policy(envs.single_observation_space, envs.single_action_space, settings)
+        observation_space = envs.single_observation_space
+        assert isinstance(observation_space, gym.spaces.Box)  # make_vector_env checked it
+        policy = Policy(observation_space, envs.single_action_space, settings)
         collector = Collector(envs, policy, settings.fragment_length, settings.seed)
         collector.collect()  # warm-up: first resets, lazy imports, allocator
         steps, start = 0, time.perf_counter()

@@ -103,15 +103,17 @@ def spawn_command(
     if stdout is not None:
         stdout.close()
     log_pump = None
-    if echo is not None:
+    if echo is not None and process.stdout is not None:
         from hetrl.launch.logs import pump
 
         log_pump = pump(process.stdout, log_path, echo_prefix, echo)
     return Child(name, process, log_path, log_pump)
 
 
-def wait_ready_file(child: Child, path: Path, timeout: float) -> str:
-    """Wait for a worker's ready file; return its address.
+def wait_ready_file(child: Child, path: Path, timeout: float,
+                    timeout_flag: str = "--startup-timeout") -> str:
+    """Wait for a worker's ready file; return its address. `timeout_flag` is the setting
+    the message names.
 
     Raises:
         ChildFailedError: the child exited first, or the timeout passed.
@@ -127,7 +129,7 @@ def wait_ready_file(child: Child, path: Path, timeout: float) -> str:
             )
         time.sleep(0.05)
     raise ChildFailedError(
-        f"{child.name} was not ready within {timeout:.0f} s (--startup-timeout):\n"
+        f"{child.name} was not ready within {timeout:.0f} s ({timeout_flag}):\n"
         f"{child.log_tail()}"
     )
 

@@ -67,8 +67,8 @@ class LocalSettings(
 
 @dataclasses.dataclass
 class ClusterSettings(
-    EnvSettings, PolicySettings, RolloutSettings, TrainSettings, CheckpointSettings, OutputSettings,
-    ReliabilitySettings,
+    EnvSettings, PolicySettings, RolloutSettings, TrainSettings, EvalSettings, CheckpointSettings,
+    OutputSettings, ReliabilitySettings,
 ):
     """`hetrl launch`: the one entry point of every host of a SageMaker (or emulated) job.
 
@@ -91,7 +91,7 @@ class ClusterSettings(
     """Port of each env host's control service (stop, describe, heartbeat)."""
     worker_base_port: int = 7100
     """Worker i of a host listens on worker_base_port + i."""
-    startup_timeout: float = 900.0
+    first_heartbeat_timeout: float = 900.0
     """Env host: seconds to wait for the learner's first heartbeat before failing."""
     loss_timeout: float = 120.0
     """Env host: seconds without a learner heartbeat before failing (dead-man's switch)."""
@@ -122,7 +122,8 @@ class ClusterSettings(
         for name in ("control_port", "worker_base_port"):
             value = getattr(self, name)
             require(0 < value < 65536, f"--{name.replace('_', '-')} must be a port, got {value}")
-        for name in ("startup_timeout", "loss_timeout", "resolve_timeout", "stop_budget"):
+        for name in ("first_heartbeat_timeout", "loss_timeout", "resolve_timeout",
+                     "stop_budget"):
             value = getattr(self, name)
             require(value > 0, f"--{name.replace('_', '-')} must be > 0, got {value}")
         _chain_post_init(self, ClusterSettings)

@@ -81,7 +81,8 @@ class Supervisor:
             self.ports.append(port)
             self.workers.append(self.spawn(len(self.workers), port, ""))
 
-    def start_and_wait(self, count: int, timeout: float) -> list[str]:
+    def start_and_wait(self, count: int, timeout: float,
+                       timeout_flag: str = "--startup-timeout") -> list[str]:
         """Spawn `count` workers on free ports (instead of `start`) and wait up to
         `timeout` s for each to report its address; return the addresses. Restarts
         reuse the same ports.
@@ -94,7 +95,7 @@ class Supervisor:
             path.unlink(missing_ok=True)
             self.ports.append(0)
             self.workers.append(self.spawn(len(self.workers), 0, str(path)))
-        addresses = [wait_ready_file(w, path, timeout)
+        addresses = [wait_ready_file(w, path, timeout, timeout_flag)
                      for w, path in zip(self.workers, ready, strict=True)]
         self.ports = [int(address.rsplit(":", 1)[1]) for address in addresses]
         return addresses

@@ -82,9 +82,9 @@ class Learner:
         obs_space, act_space = description.observation_space, description.action_space
         self.policy = Policy(obs_space, act_space, settings).to(self.device)
         # Fused Adam (one kernel for every parameter) on CUDA; the default elsewhere.
-        fused = {"fused": True} if self.device.type == "cuda" else {}
         self.optimizer = torch.optim.Adam(
-            self.policy.parameters(), lr=settings.learning_rate, eps=1e-5, **fused
+            self.policy.parameters(), lr=settings.learning_rate, eps=1e-5,
+            fused=True if self.device.type == "cuda" else None,
         )
         self.version = 0
         self._updating = 0  # 1 while an update runs: the batch being built trains after it

@@ -47,11 +47,11 @@ def _explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tenso
 
 def read_stats(stats: dict[str, torch.Tensor | float]) -> dict[str, float]:
     """Bring an update's statistics to the host: one transfer (one sync) for all of them."""
-    names = [k for k, v in stats.items() if isinstance(v, torch.Tensor)]
+    tensors = {k: v for k, v in stats.items() if isinstance(v, torch.Tensor)}
     out = {k: float(v) for k, v in stats.items() if not isinstance(v, torch.Tensor)}
-    if names:
-        values = torch.stack([stats[k].detach().float().reshape(()) for k in names]).tolist()
-        out.update(zip(names, values, strict=True))
+    if tensors:
+        values = torch.stack([v.detach().float().reshape(()) for v in tensors.values()]).tolist()
+        out.update(zip(tensors, values, strict=True))
     return out
 
 

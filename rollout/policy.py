@@ -26,6 +26,10 @@ from hetrl.rollout.settings import PolicySettings
 class RunningMeanStd(nn.Module):
     """Running mean and variance of observations (parallel Welford); updated by the learner."""
 
+    mean: torch.Tensor  # buffers, registered below (saved and sent with the weights)
+    var: torch.Tensor
+    count: torch.Tensor
+
     def __init__(self, shape: tuple[int, ...], clip: float = 10.0) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
@@ -102,7 +106,10 @@ class Policy(nn.Module):
     ) -> None:
         super().__init__()
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        head_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        if isinstance(action_space, gym.spaces.Discrete):
+            head_dim = int(action_space.n)
+        else:
+            head_dim = int(np.prod(action_space.shape or ()))
         self.scale_uint8 = np.dtype(observation_space.dtype) == np.uint8
         if settings.normalize_observations and not self.scale_uint8:
             self.obs_rms: RunningMeanStd | None = RunningMeanStd(observation_space.shape)
@@ -113,7 +120,7 @@ class Policy(nn.Module):
         else:
             obs_dim = int(np.prod(observation_space.shape))
             self.net = MLPActorCritic(obs_dim, head_dim, settings)
-        if not self.discrete:
+        if isinstance(action_space, gym.spaces.Box):
             self.log_std = nn.Parameter(torch.zeros(head_dim))
             low, high = action_space.low, action_space.high
             self._bounded = bool(np.all(np.isfinite(low)) and np.all(np.isfinite(high)))

@@ -170,9 +170,9 @@ def test_two_learner_hosts_are_refused(tmp_path: Path) -> None:
     assert "has 2 hosts" in (base / "output" / "failure").read_text()
 
 
-def test_env_host_without_learner_fails_after_startup_timeout(tmp_path: Path) -> None:
+def test_env_host_without_learner_fails_after_first_heartbeat_timeout(tmp_path: Path) -> None:
     base = write_tree(tmp_path, DESIGN_EXAMPLE, {
-        "startup_timeout": "3", "workers_per_env_host": "1", "control_port": "47311",
+        "first_heartbeat_timeout": "3", "workers_per_env_host": "1", "control_port": "47311",
         "worker_base_port": "47312"})
     result = run_host(base, timeout=60)
     assert result.returncode == 1, result.stderr

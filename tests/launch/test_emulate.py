@@ -97,3 +97,20 @@ def test_sigterm_everywhere_checkpoints_and_a_new_run_resumes(tmp_path: Path) ->
     assert again.exit_code == 0, (again.exit_codes, again.failures)
     assert again.summary["resumed_from"]
     assert stopped_at < again.summary["global_step"] <= stopped_at + 4096 + 2048
+
+
+def test_an_emulated_job_evaluates_on_its_learner_host(tmp_path: Path) -> None:
+    """--eval-every in a cluster job: the learner host runs the evaluator, plays the final
+    policy before it stops, and the job's report shows the evaluation."""
+    settings = EmulateSettings(env_hosts=1, workers_per_env_host=1, envs_per_worker=4,
+                               fragment_length=32, total_steps=6144, eval_every=2048,
+                               eval_episodes=2, out=str(tmp_path / "e"), progress=False)
+    result = run_emulated(settings)
+    assert result.exit_code == 0, result.failures
+    model = tmp_path / "e" / "hosts" / result.learner_host / "model"
+    evals = [json.loads(line) for line in
+             (model / "eval" / "results.jsonl").read_text().splitlines()]
+    assert evals and evals[-1]["global_step"] >= 6144, evals  # the final policy too
+    assert all(e["episodes"] == 2 for e in evals)
+    assert "evaluation return at the end (deterministic)" in (
+        model / "report" / "report.md").read_text()

@@ -272,7 +272,7 @@ def test_killed_learner_host_resumes_and_env_hosts_carry_on(tmp_path: Path) -> N
 @pytest.mark.slow
 @pytest.mark.parametrize("late", ["env_hosts", "learner"])
 def test_late_start_either_way_waits_and_runs(tmp_path: Path, late: str) -> None:
-    # Same mechanism as 30 s (resolve_timeout / startup_timeout retries), 8 s here.
+    # Same mechanism as 30 s (resolve_timeout / first_heartbeat_timeout retries), 8 s here.
     delay = 8.0
     cfg = settings(tmp_path / late, env_hosts=1, total_steps=6_000, stop_budget=30)
     log = tmp_path / "learner.log"
