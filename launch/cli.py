@@ -23,8 +23,13 @@ from hetrl.launch.settings import ClusterSettings, EnjoySettings, LocalSettings,
 from hetrl.launch.submit import SubmitSettings  # imports no SDK; it loads only when used
 from hetrl.learner.settings import LearnerSettings
 from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.lifetime import LOG_FORMAT
 from hetrl.rollout.settings import WorkerSettings
 from hetrl.rollout.userpath import user_modules_importable
+
+# Each command imports what it runs only when it runs: `hetrl --help`, a typo and the
+# torch-free commands answer at once, and none loads another's heavy dependencies
+# (torch, the sagemaker SDK, matplotlib).
 
 
 def _local(settings: LocalSettings) -> int:
@@ -187,7 +192,7 @@ def config_values(path: str, cls: type) -> dict[str, Any]:
 
 
 def _main(args: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     user_modules_importable()  # --env my_pkg.envs:Maze from this folder, as python -m
     if args[:1] == ["launch"] and not {"-h", "--help"} & set(args):
         # Defaults come from the job's hyperparameters, so the host entry point parses.

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -161,8 +162,6 @@ def _view(*, current_host: str, current_group: str, group_configs: list[dict[str
 
 def _count_gpus() -> int:
     """GPUs nvidia-smi lists (0 without it), as the toolkit counts them."""
-    import subprocess
-
     try:
         listing = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True,
                                  text=True, timeout=30, check=True).stdout

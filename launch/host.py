@@ -26,7 +26,7 @@ from hetrl.launch.hyperparameters import from_hyperparameters
 from hetrl.launch.settings import ClusterSettings, LocalSettings
 from hetrl.rollout.errors import ConfigError, HetrlError
 from hetrl.rollout.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_OK
-from hetrl.rollout.lifetime import catch_stop_early, die_with_parent
+from hetrl.rollout.lifetime import LOG_FORMAT, catch_stop_early, die_with_parent
 from hetrl.rollout.settings import pick
 from hetrl.rollout.transport import token_from_env
 from hetrl.rollout.userpath import user_modules_importable
@@ -95,7 +95,6 @@ def warn_unless_pid_1(pid: int | None = None) -> bool:
     return True
 
 
-LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
 def role_of(cluster: ClusterView, settings: ClusterSettings | None) -> str:

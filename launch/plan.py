@@ -56,7 +56,7 @@ class PlanSettings(InstanceTypes, EnvSettings, PolicySettings, RolloutSettings):
 
 def measure_core_rate(settings: PlanSettings) -> float:
     """Env steps per second of one worker on one core (policy inference included)."""
-    import torch
+    import torch  # here, not at the top: the CLI imports this module for its settings
 
     from hetrl.rollout.collector import Collector
     from hetrl.rollout.envs import make_vector_env

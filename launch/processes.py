@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from hetrl.launch.logs import pump
 from hetrl.rollout.errors import ChildFailedError
 from hetrl.rollout.lifetime import PARENT_ENV
 from hetrl.rollout.settings import to_json
@@ -104,8 +105,6 @@ def spawn_command(
         stdout.close()
     log_pump = None
     if echo is not None and process.stdout is not None:
-        from hetrl.launch.logs import pump
-
         log_pump = pump(process.stdout, log_path, echo_prefix, echo)
     return Child(name, process, log_path, log_pump)
 

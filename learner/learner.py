@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import queue
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -47,11 +46,10 @@ from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import HetrlError, NonFiniteError, OutputError
 from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
-from hetrl.rollout.lifetime import die_with_parent
+from hetrl.rollout.lifetime import start_child
 from hetrl.rollout.policy import Policy, action_dtype, policy_arrays
 from hetrl.rollout.settings import from_json, to_json
 from hetrl.rollout.transport import token_from_env, transport_options
-from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.learner")
 
@@ -365,12 +363,9 @@ def run_learner(settings: LearnerSettings, token: str | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m hetrl.learner.learner SETTINGS_JSON`: the launcher's way to start a learner."""
-    die_with_parent()  # first: no child outlives its launcher
-    user_modules_importable()  # after hetrl: the user's --env / --policy modules
-    argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings_file = start_child(argv)
     try:
-        return run_learner(from_json(LearnerSettings, Path(argv[0]).read_text()))
+        return run_learner(from_json(LearnerSettings, settings_file.read_text()))
     except HetrlError as exc:
         log.error("%s", exc)
         return EXIT_FAILED

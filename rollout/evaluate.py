@@ -15,7 +15,6 @@ import dataclasses
 import json
 import logging
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,8 @@ from safetensors import safe_open
 
 from hetrl.rollout.envs import describe_env, env_spec
 from hetrl.rollout.errors import ConfigError, HetrlError
-from hetrl.rollout.lifetime import die_with_parent
+from hetrl.rollout.exits import EXIT_FAILED
+from hetrl.rollout.lifetime import start_child
 from hetrl.rollout.policy import Policy, load_policy_arrays
 from hetrl.rollout.settings import (
     RESULTS_FILE,
@@ -38,7 +38,6 @@ from hetrl.rollout.settings import (
     PolicySettings,
     from_json,
 )
-from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.evaluate")
 
@@ -253,10 +252,7 @@ def run_evaluator(settings: EvaluatorSettings, stop: threading.Event | None = No
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m hetrl.rollout.evaluate SETTINGS_JSON`: the launcher's evaluator."""
-    die_with_parent()  # first: no child outlives its launcher
-    user_modules_importable()
-    argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings_file = start_child(argv)
     torch.set_num_threads(1)
     stop = threading.Event()
 
@@ -267,10 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
     try:
-        return run_evaluator(from_json(EvaluatorSettings, Path(argv[0]).read_text()), stop)
+        return run_evaluator(from_json(EvaluatorSettings, settings_file.read_text()), stop)
     except HetrlError as exc:
         log.error("%s", exc)
-        return 1
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -16,9 +16,13 @@ and asks `early_stop()`. Standard library only, so it can run before anything el
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
+from pathlib import Path
+
+from hetrl.rollout.userpath import user_modules_importable
 
 PARENT_ENV = "HETRL_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
@@ -48,3 +52,18 @@ def die_with_parent() -> None:
     # e.g. a host started under `unshare --pid`): nothing to compare, the request stands.
     if os.getppid() not in (0, int(parent)):  # it died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+"""Every hetrl process logs its lines alike."""
+
+
+def start_child(argv: list[str] | None = None) -> Path:
+    """What a launcher's child (worker, learner, evaluator) does first in its main: die
+    with the launcher, put the user's modules on the path (after hetrl's own are
+    imported), log as the launcher does; return the settings file the launcher wrote."""
+    die_with_parent()  # first: no child outlives its launcher
+    user_modules_importable()  # the user's --env / --policy modules
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    return Path(argv[0])

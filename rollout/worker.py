@@ -50,7 +50,7 @@ from hetrl.rollout.errors import (
     WireFormatError,
 )
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_HUNG, EXIT_NO_LEARNER, EXIT_OK, EXIT_UNHEALTHY
-from hetrl.rollout.lifetime import die_with_parent
+from hetrl.rollout.lifetime import start_child
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.settings import WorkerSettings, from_json
 from hetrl.rollout.transport import (
@@ -59,7 +59,6 @@ from hetrl.rollout.transport import (
     token_from_env,
     transport_options,
 )
-from hetrl.rollout.userpath import user_modules_importable
 
 log = logging.getLogger("hetrl.worker")
 
@@ -420,12 +419,9 @@ def run_worker(settings: WorkerSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m hetrl.rollout.worker SETTINGS_JSON`: the launcher's way to start a worker."""
-    die_with_parent()  # first: no child outlives its launcher
-    user_modules_importable()  # after hetrl: the user's --env / --policy modules
-    argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings_file = start_child(argv)
     try:
-        return run_worker(from_json(WorkerSettings, Path(argv[0]).read_text()))
+        return run_worker(from_json(WorkerSettings, settings_file.read_text()))
     except (EnvUnhealthyError, NonFiniteError) as exc:  # already failing at the first reset
         log.error("%s", exc)
         return EXIT_UNHEALTHY
