@@ -43,8 +43,9 @@ def judge(
     """Judge a run from its totals (seconds summed over the run; workers summed too).
     `stalled_seconds` of the learner's wait had no worker sending anything."""
     stall = min(max(stalled_seconds, 0.0), learner_wait_seconds)
-    verdict = _judge(learner_wait_seconds - stall, learner_train_seconds,
-                     worker_collect_seconds, worker_wait_seconds, workers, env_hosts)
+    learner_waited = _share(learner_wait_seconds - stall, learner_train_seconds)
+    workers_waited = _share(worker_wait_seconds, worker_collect_seconds)
+    verdict = _judge(learner_waited, workers_waited, workers, env_hosts)
     if stall <= 0:
         return verdict
     total = learner_wait_seconds + learner_train_seconds
@@ -57,18 +58,13 @@ def judge(
     return dataclasses.replace(verdict, stalled_seconds=stall, text=f"{verdict.text}; {note}")
 
 
-def _judge(
-    learner_wait_seconds: float,
-    learner_train_seconds: float,
-    worker_collect_seconds: float,
-    worker_wait_seconds: float,
-    workers: int,
-    env_hosts: int = 1,
-) -> Verdict:
-    learner_total = learner_wait_seconds + learner_train_seconds
-    worker_total = worker_collect_seconds + worker_wait_seconds
-    lw = learner_wait_seconds / learner_total if learner_total > 0 else 0.0
-    ww = worker_wait_seconds / worker_total if worker_total > 0 else 0.0
+def _share(waited: float, busy: float) -> float:
+    """The share of the time spent waiting (0 when no time was spent)."""
+    return waited / (waited + busy) if waited + busy > 0 else 0.0
+
+
+def _judge(lw: float, ww: float, workers: int, env_hosts: int) -> Verdict:
+    """The verdict from the learner's (lw) and the workers' (ww) shares of time waited."""
     if lw >= EXPERIENCE_BOUND_WAIT and lw >= ww:
         # The learner could absorb 1 / (1 - lw) times the experience it got.
         factor = 1.0 / max(1.0 - lw, 0.05)
