@@ -200,17 +200,11 @@ def serialize(
     return b"".join([_field_header(_FRAGMENT_FIELD, size), *parts])
 
 
-def to_message(
-    arrays: FragmentArrays,
-    worker_id: int,
-    incarnation: str,
-    sequence: int,
-    policy_version: int,
-    wait_seconds: float = 0.0,
-) -> hetrl_pb2.WorkerMessage:
-    """Encode a fragment for the wire."""
+def to_message(arrays: FragmentArrays, *header: Any, **named: Any) -> hetrl_pb2.WorkerMessage:
+    """The message `serialize` encodes (same arguments after `arrays`), built through
+    protobuf: the plain reference that tests and benchmarks compare `serialize` with."""
     fields = {name: wire.encode(getattr(arrays, name)) for name in ARRAY_FIELDS}
-    scalars = _scalars(arrays, worker_id, incarnation, sequence, policy_version, wait_seconds)
+    scalars = _scalars(arrays, *header, **named)
     return hetrl_pb2.WorkerMessage(fragment=hetrl_pb2.Fragment(**scalars, **fields))
 
 
