@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -32,6 +33,20 @@ from hetrl.rollout.userpath import user_modules_importable
 # (torch, the sagemaker SDK, matplotlib).
 
 
+@dataclasses.dataclass(frozen=True)
+class Deferred:
+    """A command that imports `module:function` when it runs, and calls it."""
+
+    target: str
+
+    def resolve(self) -> Callable[[Any], int]:
+        module, _, function = self.target.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+    def __call__(self, settings: Any) -> int:
+        return self.resolve()(settings)
+
+
 def _local(settings: LocalSettings) -> int:
     # The first line, before the heavy imports and the env check: what is starting.
     print(f"hetrl local: {settings.env}, {settings.workers} workers x "
@@ -45,36 +60,12 @@ def _local(settings: LocalSettings) -> int:
     return result.exit_code
 
 
-def _worker(settings: WorkerSettings) -> int:
-    from hetrl.rollout.worker import run_worker
-
-    return run_worker(settings)
-
-
-def _learner(settings: LearnerSettings) -> int:
-    from hetrl.learner.learner import run_learner
-
-    return run_learner(settings)
-
-
 def _emulate(settings: EmulateSettings) -> int:
     from hetrl.launch.emulate import report, run_emulated
 
     result = run_emulated(settings)
     print(report(result), file=sys.stderr)
     return result.exit_code
-
-
-def _submit(settings: SubmitSettings) -> int:
-    from hetrl.launch.submit import run_submit
-
-    return run_submit(settings)
-
-
-def _fetch(settings: FetchSettings) -> int:
-    from hetrl.launch.jobs import run_fetch
-
-    return run_fetch(settings)
 
 
 def _report(settings: ReportSettings) -> int:
@@ -122,13 +113,13 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "local": (LocalSettings, _local),
     "launch": (ClusterSettings, _launch),
     "emulate": (EmulateSettings, _emulate),
-    "submit": (SubmitSettings, _submit),
-    "fetch": (FetchSettings, _fetch),
+    "submit": (SubmitSettings, Deferred("hetrl.launch.submit:run_submit")),
+    "fetch": (FetchSettings, Deferred("hetrl.launch.jobs:run_fetch")),
     "report": (ReportSettings, _report),
     "enjoy": (EnjoySettings, _enjoy),
     "plan": (PlanSettings, _plan),
-    "worker": (WorkerSettings, _worker),
-    "learner": (LearnerSettings, _learner),
+    "worker": (WorkerSettings, Deferred("hetrl.rollout.worker:run_worker")),
+    "learner": (LearnerSettings, Deferred("hetrl.learner.learner:run_learner")),
 }
 
 

@@ -202,3 +202,12 @@ def test_every_setting_is_still_a_flag_of_the_same_name(command: str) -> None:
             continue  # the changed value breaks a check (e.g. a port range): fine here
         assert getattr(parsed, field.name) == changed, field.name
         assert dataclasses.replace(parsed, **{field.name: value}) == default, field.name
+
+
+def test_every_deferred_command_names_a_function_that_exists() -> None:
+    from hetrl.launch.cli import COMMANDS, Deferred
+
+    deferred = [run for _, run in COMMANDS.values() if isinstance(run, Deferred)]
+    assert len(deferred) >= 4
+    for run in deferred:
+        assert callable(run.resolve()), run.target
