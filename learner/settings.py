@@ -63,6 +63,10 @@ class TrainSettings:
     """Value loss coefficient."""
     max_grad_norm: float = 0.5
     """Gradient norm clip."""
+    advantages: Literal["vtrace", "gae"] = "vtrace"
+    """Policy-gradient advantage: vtrace is IMPALA's r + gamma * vs' - V (a full one-step
+    return past the first step); gae is vs - V, which on-policy is GAE(--gae-lambda),
+    what PPO uses (lower variance), still trace-corrected for policy lag."""
     vtrace_rho_clip: float = 1.0
     """V-trace clip of importance weights in the value targets (rho bar)."""
     vtrace_c_clip: float = 1.0
@@ -96,6 +100,7 @@ class TrainSettings:
             require(value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
         require(self.max_policy_lag >= 0, "--max-policy-lag must be >= 0")
         require(self.clip_coef > 0, "--clip-coef must be > 0")
+        require(self.advantages in ("vtrace", "gae"), "--advantages must be vtrace or gae")
         _chain_post_init(self, TrainSettings)
 
 @dataclasses.dataclass
