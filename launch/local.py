@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetrl.launch.presets import announce, apply_preset, changed_fields
 from hetrl.launch.processes import (
     MAX_WORKER_RESTARTS,
     WORKER_EXIT_UNHEALTHY,
@@ -105,6 +106,10 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
             total_steps=100_000); a mistyped keyword gets a "did you mean".
             `env` may also be the env class itself if it lives in an importable module.
 
+    The env's preset (--preset, auto by default: see launch.presets) fills every
+    setting not given as a keyword, or, for a LocalSettings object, left at its shipped
+    default (preset="none" uses the object as it is).
+
     Returns:
         RunResult with the exit code, the output directory, the learner's summary, and
         `policy()` for the trained policy.
@@ -117,9 +122,18 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
         overrides["env"] = _env_name(overrides["env"])
     _check_keywords(overrides)
     if settings is None:
-        settings = LocalSettings(**overrides)
-    elif overrides:
+        settings, explicit = LocalSettings(**overrides), set(overrides)
+    else:
         settings = dataclasses.replace(settings, **overrides)
+        explicit = changed_fields(settings) | set(overrides)
+    settings, line = apply_preset(settings, explicit)
+    announce(line)
+    return run_prepared(settings)
+
+
+def run_prepared(settings: LocalSettings) -> RunResult:
+    """run_local for settings whose preset is already applied (by the CLI, which knows
+    the flags given): the settings are used as they are."""
     describe_env(settings)  # fail here, before anything is spawned
     if settings.track and importlib.util.find_spec("wandb") is None:
         raise ConfigError(TRACK_NEEDS)

@@ -39,6 +39,11 @@ class TrainSettings:
 
     total_steps: int = 300_000
     """Env steps (all workers together) to train for."""
+    preset: Literal["auto", "none", "classic", "continuous", "atari"] = "auto"
+    """Settings preset for the env's family, applied by `hetrl local` / `hetrl launch` /
+    `run_local` to every setting you do not give: auto picks from the env's spaces
+    (image observations: atari, Box actions: continuous, else classic); none keeps the
+    shipped defaults (tuned on CartPole). The run's settings.json records the one applied."""
     learning_rate: float = 1e-3
     """Adam learning rate at the start."""
     anneal_lr: bool = True
