@@ -29,7 +29,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The shipped defaults (CartPole solves in ~120k steps; bench/solve.py).
     "classic": {},
     # PPO's MuJoCo settings (batch 2048, 10 epochs of 32 minibatches, lr 3e-4 annealed),
-    # rewards normalised by the return's std, GAE advantages (bench/learning.py).
+    # rewards normalised by the return's std, GAE advantages (bench/learning.py). One
+    # credit per worker keeps the policy lag near 0.5: with two (lag 1) and normalised
+    # rewards, Hopper's clip fraction reached 0.3-0.7 and its policy collapsed at 220k.
     "continuous": {
         "learning_rate": 3e-4,
         "fragments_per_batch": 4,
@@ -37,6 +39,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "minibatches": 32,
         "normalize_rewards": True,
         "advantages": "gae",
+        "credits_per_worker": 1,
     },
     # PPO's Atari settings (128-step fragments, clip 0.1, entropy bonus); not benchmarked
     # here. Pixels want a CNN: pass one with --policy.
