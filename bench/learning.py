@@ -1,10 +1,11 @@
 """Learning benchmark: MuJoCo against CleanRL's published PPO table at 1M env steps.
 
-Each (env, seed) is one `run_local` with hetrl's settings for that env (no per-env
-flags beyond `--extra`), 1M env steps by default. Reported per env: mean ± std over
-seeds of the final return (mean of the last 100 training episodes), the area under the
-learning curve (mean return over the run's steps, normalised by the steps: higher
-learns sooner), wall seconds and env steps/s, next to CleanRL's ppo_continuous_action
+Each (env, seed) is one `run_local` with the preset hetrl picks from the env's spaces
+(`continuous` for all five; no per-env flags beyond `--extra`), 1M env steps by
+default. Reported per env: mean ± std over seeds of the final return (mean of the last
+100 training episodes), the area under the learning curve (mean return over the run's
+steps, normalised by the steps: higher learns sooner), wall seconds and env steps/s,
+next to CleanRL's ppo_continuous_action
 figures (docs/benchmark/ppo_continuous_action.md at tag pr-424 of vwxyzjn/cleanrl; the
 v4 envs there, v5 here). A plot per env shows every seed's curve and the reference
 band. Run: `python -m bench.learning [--quick]` (the full form is 15 runs of a few
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
                      common.fmt(summary[env]["steps_per_s"], ",.0f")])
     common.print_table(
         f"Learning at {s.total_steps:,} env steps: hetrl ({s.workers} workers, settings "
-        f"{' '.join(s.extra) or 'as shipped'}) vs CleanRL ppo_continuous_action (v4)",
+        f"{' '.join(s.extra) or 'of the preset'}) vs CleanRL ppo_continuous_action (v4)",
         ["env", "seeds", "hetrl final return", "CleanRL", ">= ref - std", "area under curve",
          "wall s", "env steps/s"], rows)
 

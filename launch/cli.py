@@ -20,7 +20,13 @@ from hetrl.launch.emulate import EmulateSettings
 from hetrl.launch.hyperparameters import from_hyperparameters
 from hetrl.launch.jobs import FetchSettings
 from hetrl.launch.plan import PlanSettings
-from hetrl.launch.settings import ClusterSettings, EnjoySettings, LocalSettings, ReportSettings
+from hetrl.launch.settings import (
+    ClusterSettings,
+    EnjoySettings,
+    LocalSettings,
+    ReportSettings,
+    flags_given,
+)
 from hetrl.launch.submit import SubmitSettings  # imports no SDK; it loads only when used
 from hetrl.learner.settings import LearnerSettings
 from hetrl.rollout.errors import ConfigError, HetrlError
@@ -47,14 +53,17 @@ class Deferred:
         return self.resolve()(settings)
 
 
-def _local(settings: LocalSettings) -> int:
+def _local(settings: LocalSettings, given: set[str] | None = None) -> int:
     # The first line, before the heavy imports and the env check: what is starting.
     print(f"hetrl local: {settings.env}, {settings.workers} workers x "
           f"{settings.envs_per_worker} envs, {settings.total_steps:,} env steps, seed "
           f"{settings.seed}; starting ...", file=sys.stderr, flush=True)
-    from hetrl.launch.local import run_local
+    from hetrl.launch.local import run_prepared
+    from hetrl.launch.presets import announce, apply_preset
 
-    result = run_local(settings)
+    settings, line = apply_preset(settings, given)  # what you gave wins over the preset
+    announce(line)
+    result = run_prepared(settings)
     if result.ok:
         print(f"hetrl: done; model and metrics in {result.out}", file=sys.stderr)
     return result.exit_code
@@ -199,6 +208,10 @@ def _main(args: list[str]) -> int:
             default = cls(**config_values(config, cls)) if config else None
             settings = flags.parse(cls, rest, prog=f"hetrl {name}", default=default,
                                    description=f"{cls.__doc__}\n\n{CONFIG_HELP}")
+            if cls is LocalSettings:  # flags and the config file win over the preset
+                given = flags_given(rest, cls) | (set(config_values(config, cls))
+                                                   if config else set())
+                return _local(settings, given)
             return run(settings)
         except HetrlError as exc:
             print(f"hetrl {name}: error: {exc}\n(hetrl {name} --help lists every flag)",

@@ -23,7 +23,7 @@ import sys
 from hetrl.launch import flags
 from hetrl.launch.cluster import ClusterView, read_cluster
 from hetrl.launch.hyperparameters import from_hyperparameters
-from hetrl.launch.settings import ClusterSettings, LocalSettings
+from hetrl.launch.settings import ClusterSettings, LocalSettings, flags_given
 from hetrl.rollout.errors import ConfigError, HetrlError
 from hetrl.rollout.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_OK
 from hetrl.rollout.lifetime import LOG_FORMAT, catch_stop_early, die_with_parent
@@ -36,14 +36,20 @@ log = logging.getLogger("hetrl.host")
 
 def settings_for(cluster: ClusterView, argv: list[str]) -> ClusterSettings:
     """Hyperparameters of the job over the defaults, then command-line flags over both."""
+    from hetrl.launch.presets import announce, apply_preset
+
     try:
-        base = ClusterSettings(**from_hyperparameters(cluster.hyperparameters, ClusterSettings))
+        given = from_hyperparameters(cluster.hyperparameters, ClusterSettings)
+        base = ClusterSettings(**given)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"hyperparameters: {exc}") from exc
-    if not argv:
-        return base
-    return flags.parse(ClusterSettings, argv, prog="hetrl launch", default=base,
-                       description=ClusterSettings.__doc__ or "")
+    if argv:
+        base = flags.parse(ClusterSettings, argv, prog="hetrl launch", default=base,
+                           description=ClusterSettings.__doc__ or "")
+    # Every host applies the same preset; hyperparameters and flags win over it.
+    settings, line = apply_preset(base, set(given) | flags_given(argv, ClusterSettings))
+    announce(line)
+    return settings
 
 
 def run_host(settings: ClusterSettings, cluster: ClusterView) -> int:
@@ -71,7 +77,7 @@ def run_host(settings: ClusterSettings, cluster: ClusterView) -> int:
 
 def _run_homogeneous(settings: ClusterSettings, cluster: ClusterView) -> int:
     from hetrl.launch.cluster import usable_cores
-    from hetrl.launch.local import run_local
+    from hetrl.launch.local import run_prepared
 
     hosts = cluster.groups.get(cluster.current_group, [cluster.current_host])
     if len(hosts) > 1 and cluster.current_host != hosts[0]:
@@ -80,7 +86,7 @@ def _run_homogeneous(settings: ClusterSettings, cluster: ClusterView) -> int:
         return EXIT_OK
     workers = settings.workers_per_env_host or max(1, usable_cores() - settings.learner_cores)
     local = pick(LocalSettings, settings, workers=workers, out=str(cluster.model_dir))
-    return run_local(local).exit_code
+    return run_prepared(local).exit_code
 
 
 def warn_unless_pid_1(pid: int | None = None) -> bool:

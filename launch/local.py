@@ -29,6 +29,7 @@ from typing import Any
 
 from hetrl.launch.evaluator import finish_evaluations, start_evaluator
 from hetrl.launch.hyperparameters import check_names
+from hetrl.launch.presets import announce, apply_preset, changed_fields
 from hetrl.launch.processes import Child, child_environment, spawn, stop_all
 from hetrl.launch.settings import LocalSettings
 from hetrl.launch.supervisor import Supervisor
@@ -99,6 +100,10 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
             total_steps=100_000); a mistyped keyword gets a "did you mean".
             `env` may also be the env class itself if it lives in an importable module.
 
+    The env's preset (--preset, auto by default: see launch.presets) fills every
+    setting not given as a keyword, or, for a LocalSettings object, left at its shipped
+    default (preset="none" uses the object as it is).
+
     Returns:
         RunResult with the exit code, the output directory, the learner's summary, and
         `policy()` for the trained policy.
@@ -111,9 +116,18 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
         overrides["env"] = _env_name(overrides["env"])
     check_names(overrides, LocalSettings, "run_local setting")
     if settings is None:
-        settings = LocalSettings(**overrides)
-    elif overrides:
-        settings = dataclasses.replace(settings, **overrides)
+        base, explicit = LocalSettings(**overrides), set(overrides)
+    else:
+        base = dataclasses.replace(settings, **overrides)
+        explicit = changed_fields(base) | set(overrides)
+    prepared, line = apply_preset(base, explicit)
+    announce(line)
+    return run_prepared(prepared)
+
+
+def run_prepared(settings: LocalSettings) -> RunResult:
+    """run_local for settings whose preset is already applied (by the CLI, which knows
+    the flags given): the settings are used as they are."""
     describe_env(settings)  # fail here, before anything is spawned
     if settings.track and importlib.util.find_spec("wandb") is None:
         raise ConfigError(TRACK_NEEDS)

@@ -23,6 +23,20 @@ from hetrl.rollout.settings import (
 )
 
 
+def flags_given(args: list[str], cls: type) -> set[str]:
+    """Names of the fields of `cls` that command-line `args` set (`--name value`,
+    `--name=value`, and `--no-name` for booleans)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    given = set()
+    for arg in args:
+        name = arg[2:].partition("=")[0].replace("-", "_") if arg.startswith("--") else ""
+        if name not in fields and name.startswith("no_"):
+            name = name[3:]
+        if name in fields:
+            given.add(name)
+    return given
+
+
 @dataclasses.dataclass
 class LocalRunSettings:
     """How many workers a local run starts, and how it supervises them."""

@@ -45,6 +45,11 @@ def _explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tenso
                        1 - (target - pred).var(unbiased=False) / var)
 
 
+def gae_advantages(vs: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """vs - V(x_t) on valid steps: GAE(lambda) when on-policy (--advantages gae)."""
+    return (vs - values[:-1]) * valid.to(values.dtype)
+
+
 def read_stats(stats: dict[str, torch.Tensor | float]) -> dict[str, float]:
     """Bring an update's statistics to the host: one transfer (one sync) for all of them."""
     tensors = {k: v for k, v in stats.items() if isinstance(v, torch.Tensor)}
@@ -103,6 +108,8 @@ def ppo_update_async(
             cfg.vtrace_rho_clip,
             cfg.vtrace_c_clip,
         )
+        if cfg.advantages == "gae":
+            advantages = gae_advantages(vs, values, batch.valid)
 
     # Flatten the valid steps into one training set.
     b_obs = flat_obs[: t_len * n][keep]

@@ -39,6 +39,11 @@ class TrainSettings:
 
     total_steps: int = 300_000
     """Env steps (all workers together) to train for."""
+    preset: Literal["auto", "none", "classic", "continuous", "atari"] = "auto"
+    """Settings preset for the env's family, applied by `hetrl local` / `hetrl launch` /
+    `run_local` to every setting you do not give: auto picks from the env's spaces
+    (image observations: atari, Box actions: continuous, else classic); none keeps the
+    shipped defaults (tuned on CartPole). The run's settings.json records the one applied."""
     learning_rate: float = 1e-3
     """Adam learning rate at the start."""
     anneal_lr: bool = True
@@ -63,6 +68,10 @@ class TrainSettings:
     """Value loss coefficient."""
     max_grad_norm: float = 0.5
     """Gradient norm clip."""
+    advantages: Literal["vtrace", "gae"] = "vtrace"
+    """Policy-gradient advantage: vtrace is IMPALA's r + gamma * vs' - V (a full one-step
+    return past the first step); gae is vs - V, which on-policy is GAE(--gae-lambda),
+    what PPO uses (lower variance), still trace-corrected for policy lag."""
     vtrace_rho_clip: float = 1.0
     """V-trace clip of importance weights in the value targets (rho bar)."""
     vtrace_c_clip: float = 1.0
@@ -96,6 +105,7 @@ class TrainSettings:
             require(value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
         require(self.max_policy_lag >= 0, "--max-policy-lag must be >= 0")
         require(self.clip_coef > 0, "--clip-coef must be > 0")
+        require(self.advantages in ("vtrace", "gae"), "--advantages must be vtrace or gae")
         _chain_post_init(self, TrainSettings)
 
 @dataclasses.dataclass

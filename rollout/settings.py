@@ -88,11 +88,21 @@ class RolloutSettings:
     ships one (CartPole does) and sync otherwise; async runs one subprocess per env."""
     worker_torch_threads: int = 1
     """Torch CPU threads per worker; one is right when a worker gets one core."""
+    normalize_rewards: bool = False
+    """Train on rewards divided by the running std of each worker's discounted returns
+    (then clipped to +-reward_clip); reported episode returns stay raw."""
+    reward_clip: float = 10.0
+    """Clip of normalised rewards (with --normalize-rewards); 0: no clip."""
+    reward_norm_gamma: float = 0.99
+    """Discount of the returns whose std scales the rewards (--normalize-rewards); keep it
+    equal to --gamma."""
 
     def __post_init__(self) -> None:
         for name in ("envs_per_worker", "fragment_length", "worker_torch_threads"):
             value = getattr(self, name)
             require(value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        require(self.reward_clip >= 0, "--reward-clip must be >= 0 (0: no clip)")
+        require(0 <= self.reward_norm_gamma <= 1, "--reward-norm-gamma must be in [0, 1]")
         _chain_post_init(self, RolloutSettings)
 
 

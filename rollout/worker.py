@@ -52,6 +52,7 @@ from hetrl.rollout.errors import (
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_HUNG, EXIT_NO_LEARNER, EXIT_OK, EXIT_UNHEALTHY
 from hetrl.rollout.lifetime import start_child
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
+from hetrl.rollout.rewards import RewardNormalizer
 from hetrl.rollout.settings import WorkerSettings, from_json
 from hetrl.rollout.transport import (
     MAX_MESSAGE_BYTES,
@@ -118,6 +119,9 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
             failure_rate=settings.env_failure_rate,
             failure_window=settings.env_failure_window, nonfinite=settings.nonfinite,
         )
+        self.normalize_rewards = (
+            RewardNormalizer(self.envs.num_envs, settings.reward_norm_gamma, settings.reward_clip)
+            if settings.normalize_rewards else None)
         self.hello = hetrl_pb2.Hello(
             worker_id=settings.worker_id,
             incarnation=uuid.uuid4().hex,
@@ -207,6 +211,9 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
                     continue
             try:
                 arrays = self.collector.collect()
+                if self.normalize_rewards is not None:  # the episode returns stay raw
+                    arrays.rewards = self.normalize_rewards(
+                        arrays.rewards, arrays.terminated, arrays.truncated, arrays.valid)
             except (EnvUnhealthyError, NonFiniteError) as exc:
                 log.error("%s", exc)  # the env's traceback, for the user and the supervisor
                 self.unhealthy = True

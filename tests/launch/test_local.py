@@ -152,6 +152,17 @@ def test_model_output_is_usable(tmp_path: Path) -> None:
     assert "log_std" in arrays and np.all(np.isfinite(arrays["log_std"]))
 
 
+def test_normalised_rewards_leave_reported_returns_raw(tmp_path: Path) -> None:
+    # Pendulum loses up to 16 per step, ~1,000-1,600 per 200-step episode at first;
+    # rewards normalised for training are ~0.1 per step, so a reported return near
+    # -20 would mean the normalised rewards leaked into the metrics.
+    result = run_local(env="Pendulum-v1", workers=1, envs_per_worker=2, fragment_length=50,
+                       total_steps=2_000, normalize_rewards=True, out=str(tmp_path / "p"),
+                       progress=False)
+    assert result.ok
+    assert result.summary["mean_return_100"] < -300
+
+
 def test_children_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
     # No cleanup code runs in a SIGKILLed launcher: the kernel's parent-death signal,
     # which every child asks for at start (rollout.lifetime), must end them.

@@ -5,6 +5,7 @@ Marked slow (about 20 s each here); they run in CI all the same.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,12 @@ def test_cartpole_solved_within_300k_steps(tmp_path: Path, seed: int) -> None:
 
 @pytest.mark.slow
 def test_pendulum_learns_continuous_control(tmp_path: Path) -> None:
-    # The README's Pendulum settings; a full 1M-step run ends near -170. Random play
-    # scores about -1200; a shortened run must already be well past -400.
+    # The continuous preset (chosen from Pendulum's Box actions) and the README's one
+    # Pendulum flag, gamma 0.9. Random play scores about -1200; a shortened run must
+    # already be well past -400.
     result = run_local(env="Pendulum-v1", workers=2, envs_per_worker=8, total_steps=160_000,
-                       seed=1, gamma=0.9, reward_scale=0.1, fragments_per_batch=4, epochs=10,
-                       minibatches=32, out=str(tmp_path / "pendulum"), progress=False)
+                       seed=1, gamma=0.9, out=str(tmp_path / "pendulum"), progress=False)
+
     assert result.ok, result.summary
     assert result.summary["mean_return_100"] > -400, result.summary
+    assert json.loads((result.out / "settings.json").read_text())["preset"] == "continuous"

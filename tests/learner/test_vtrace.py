@@ -233,3 +233,16 @@ def test_invalid_steps_do_not_leak_backwards(kind):
     # The reset step itself: target is its own value, advantage zero.
     torch.testing.assert_close(vs2[2, 0], inputs["values"][2, 0])
     assert adv2[2, 0].item() == 0.0
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5, 0.95])
+@pytest.mark.parametrize("seed", range(5))
+def test_gae_advantages_on_policy_are_classic_gae(seed, lam):
+    """--advantages gae: vs - V, which on-policy is the usual GAE(lambda) loop's."""
+    from hetrl.learner.ppo import gae_advantages
+
+    inputs = random_fragment(seed, T=17, B=5, off_policy=False)
+    vs, _ = vtrace(**inputs, gamma=0.97, lam=lam, rho_clip=1.0, c_clip=1.0)
+    expected = classic_gae(inputs["rewards"], inputs["values"], inputs["terminated"],
+                           inputs["truncated"], inputs["valid"], gamma=0.97, lam=lam)
+    torch.testing.assert_close(gae_advantages(vs, inputs["values"], inputs["valid"]), expected)

@@ -1,0 +1,109 @@
+"""Settings presets per env family, chosen from the env's spaces or by --preset.
+
+hetrl's shipped defaults are tuned on CartPole. A preset replaces some of them with
+values that learn well on a family of envs: `classic` (discrete actions, vector
+observations: the shipped defaults), `continuous` (Box actions: MuJoCo, Pendulum;
+PPO's MuJoCo settings with reward normalisation and GAE advantages), `atari` (image
+observations). `auto` picks one from the spaces, `none` keeps the shipped defaults.
+A preset never overrides a setting the user gave (a flag, a config file entry, a
+keyword, a hyperparameter): `apply_preset` takes the names of those. This module only
+decides settings; it starts nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Collection
+from typing import Any, TypeVar
+
+import gymnasium as gym
+import numpy as np
+
+from hetrl.rollout.envs import describe_env
+from hetrl.rollout.errors import ConfigError
+
+S = TypeVar("S")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The shipped defaults (CartPole solves in ~120k steps; bench/solve.py).
+    "classic": {},
+    # PPO's MuJoCo settings (batch 2048, 10 epochs of 32 minibatches, lr 3e-4 annealed),
+    # rewards normalised by the return's std, GAE advantages (bench/learning.py). One
+    # credit per worker keeps the policy lag near 0.5: with two (lag 1) and normalised
+    # rewards, Hopper's clip fraction reached 0.3-0.7 and its policy collapsed at 220k.
+    "continuous": {
+        "learning_rate": 3e-4,
+        "fragments_per_batch": 4,
+        "epochs": 10,
+        "minibatches": 32,
+        "normalize_rewards": True,
+        "advantages": "gae",
+        "credits_per_worker": 1,
+    },
+    # PPO's Atari settings (128-step fragments, clip 0.1, entropy bonus); not benchmarked
+    # here. Pixels want a CNN: pass one with --policy.
+    "atari": {
+        "fragment_length": 128,
+        "learning_rate": 2.5e-4,
+        "clip_coef": 0.1,
+        "ent_coef": 0.01,
+        "advantages": "gae",
+    },
+    "none": {},
+}
+
+
+def preset_for(observation_space: gym.Space, action_space: gym.Space) -> tuple[str, str]:
+    """(preset name, why) for an env with these spaces."""
+    shape = getattr(observation_space, "shape", None) or ()
+    if np.dtype(observation_space.dtype) == np.uint8 and len(shape) >= 2:
+        return "atari", f"image observations {shape} uint8"
+    if isinstance(action_space, gym.spaces.Box):
+        return "continuous", f"Box actions {action_space.shape}"
+    return "classic", f"{type(action_space).__name__} actions"
+
+
+def changed_fields(settings: object) -> set[str]:
+    """Fields whose value differs from the shipped default of their dataclass."""
+    shipped = type(settings)()  # type: ignore[call-arg]
+    return {f.name for f in dataclasses.fields(settings)  # type: ignore[arg-type]
+            if getattr(settings, f.name) != getattr(shipped, f.name)}
+
+
+def apply_preset(settings: S, explicit: Collection[str] | None = None) -> tuple[S, str]:
+    """Settings with the preset's values for every field the user did not give, the
+    `preset` field naming the preset applied; and a line saying what was done.
+
+    `explicit` names the fields the user set; None: every field whose value differs from
+    the shipped default counts as set (a settings object built in Python).
+
+    Raises:
+        ConfigError: an unknown preset. EnvError: --preset auto and an env that cannot
+            be made.
+    """
+    requested = settings.preset  # type: ignore[attr-defined]
+    if requested == "auto":
+        spaces = describe_env(settings)  # type: ignore[arg-type]
+        name, why = preset_for(spaces.observation_space, spaces.action_space)
+        why = f"from the env's spaces: {why}"
+    elif requested in PRESETS:
+        name, why = requested, "--preset"
+    else:
+        raise ConfigError(f"--preset {requested!r}: choose auto, none or one of "
+                          f"{', '.join(p for p in PRESETS if p != 'none')}")
+    if explicit is None:
+        explicit = changed_fields(settings)
+    fields = {f.name for f in dataclasses.fields(settings)}  # type: ignore[arg-type]
+    values = {k: v for k, v in PRESETS[name].items() if k in fields and k not in explicit}
+    kept = sorted(k for k in PRESETS[name] if k in fields and k in explicit)
+    changed = ", ".join(f"{k}={v}" for k, v in values.items()) or "the shipped defaults"
+    line = f"preset {name} ({why}): {changed}"
+    if kept:
+        line += f"; yours kept: {', '.join(kept)}"
+    return dataclasses.replace(settings, preset=name, **values), line  # type: ignore[type-var]
+
+
+def announce(line: str) -> None:
+    """Print the preset line at the start of a run, beside the launcher's first line."""
+    print(f"hetrl: {line}", file=sys.stderr, flush=True)

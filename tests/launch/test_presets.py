@@ -1,0 +1,118 @@
+"""Presets: chosen from real envs' spaces, never over what the user gave, printed at the
+start of a run and recorded in its settings.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from hetrl.launch.presets import PRESETS, apply_preset, preset_for
+from hetrl.launch.settings import ClusterSettings, LocalSettings, flags_given
+from hetrl.learner.settings import TrainSettings
+from hetrl.rollout.errors import ConfigError
+from tests.helpers import hetrl
+
+
+@pytest.mark.parametrize("env,expected", [
+    ("CartPole-v1", "classic"),
+    ("Acrobot-v1", "classic"),
+    ("Pendulum-v1", "continuous"),
+    ("Hopper-v5", "continuous"),
+    ("HalfCheetah-v5", "continuous"),
+])
+def test_chosen_from_the_envs_spaces(env: str, expected: str) -> None:
+    made = gym.make(env)
+    try:
+        assert preset_for(made.observation_space, made.action_space)[0] == expected
+        settings, line = apply_preset(LocalSettings(env=env), set())
+        assert settings.preset == expected and f"preset {expected}" in line
+    finally:
+        made.close()
+
+
+def test_pixels_choose_atari() -> None:
+    import ale_py
+
+    gym.register_envs(ale_py)
+    made = gym.make("ALE/Pong-v5")
+    try:
+        assert preset_for(made.observation_space, made.action_space)[0] == "atari"
+    finally:
+        made.close()
+
+
+def test_continuous_preset_fills_what_is_not_given() -> None:
+    settings, _ = apply_preset(LocalSettings(env="Hopper-v5"), set())
+    for name, value in PRESETS["continuous"].items():
+        assert getattr(settings, name) == value, name
+    assert settings.normalize_rewards and settings.advantages == "gae"
+
+
+def test_given_settings_win_over_the_preset() -> None:
+    # learning_rate given at its shipped default still wins: it was given.
+    given = LocalSettings(env="Hopper-v5", learning_rate=1e-3, epochs=3, normalize_rewards=False)
+    settings, line = apply_preset(given, {"learning_rate", "epochs", "normalize_rewards"})
+    assert (settings.learning_rate, settings.epochs, settings.normalize_rewards) == (1e-3, 3, False)
+    assert settings.minibatches == 32 and settings.advantages == "gae"  # from the preset
+    assert "yours kept: epochs, learning_rate, normalize_rewards" in line
+
+
+def test_a_settings_object_keeps_what_differs_from_the_shipped_defaults() -> None:
+    settings, _ = apply_preset(LocalSettings(env="Pendulum-v1", epochs=3))
+    assert settings.epochs == 3 and settings.learning_rate == 3e-4
+
+
+@pytest.mark.parametrize("preset", ["none", "classic"])
+def test_named_preset_overrides_the_choice(preset: str) -> None:
+    settings, line = apply_preset(LocalSettings(env="Hopper-v5", preset=preset), {"preset"})
+    assert settings.preset == preset and "--preset" in line
+    shipped = LocalSettings()
+    assert all(getattr(settings, k) == getattr(shipped, k) for k in PRESETS["continuous"])
+
+
+def test_preset_names_are_the_settings_choices() -> None:
+    import typing
+
+    hints = typing.get_type_hints(TrainSettings)
+    assert set(typing.get_args(hints["preset"])) == set(PRESETS) | {"auto"}
+    with pytest.raises(ConfigError, match="--preset"):
+        apply_preset(LocalSettings(env="CartPole-v1", preset="nosuch"), set())  # type: ignore[arg-type]
+
+
+def test_flags_given_reads_every_flag_form() -> None:
+    args = ["--env", "Hopper-v5", "--learning-rate=1e-3", "--no-normalize-rewards",
+            "--epochs", "3", "--not-a-field", "x"]
+    assert flags_given(args, LocalSettings) == {"env", "learning_rate", "normalize_rewards",
+                                                 "epochs"}
+    assert "learning_rate" in flags_given(["--learning-rate", "1"], ClusterSettings)
+
+
+def test_cli_prints_the_preset_and_records_it(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = hetrl("local", "--env", "Pendulum-v1", "--workers", "1", "--envs-per-worker", "2",
+                 "--fragment-length", "50", "--total-steps", "400", "--learning-rate", "1e-3",
+                 "--no-progress", "--out", str(out))
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output
+    assert "preset continuous (from the env's spaces: Box actions (1,))" in output
+    assert "yours kept: learning_rate" in output
+    recorded = json.loads((out / "settings.json").read_text())
+    assert recorded["preset"] == "continuous"
+    assert recorded["learning_rate"] == 1e-3 and recorded["epochs"] == 10
+    assert recorded["advantages"] == "gae"
+    worker = json.loads((out / "launch" / "worker-0.json").read_text())
+    assert worker["normalize_rewards"] is True  # a worker's setting, from the preset too
+
+
+def test_job_hyperparameters_and_flags_win_over_the_preset() -> None:
+    from types import SimpleNamespace
+
+    from hetrl.launch.host import settings_for
+
+    job = SimpleNamespace(hyperparameters={"env": "Hopper-v5", "learning_rate": "0.001"})
+    settings = settings_for(job, ["--epochs", "3"])  # type: ignore[arg-type]
+    assert settings.preset == "continuous" and settings.minibatches == 32
+    assert settings.learning_rate == 1e-3 and settings.epochs == 3
