@@ -205,13 +205,12 @@ def _main(args: list[str]) -> int:
         cls, run = COMMANDS[name]
         try:
             config, rest = _split_config(args[1:])
-            default = cls(**config_values(config, cls)) if config else None
+            from_file = config_values(config, cls) if config else {}
+            default = cls(**from_file) if config else None
             settings = flags.parse(cls, rest, prog=f"hetrl {name}", default=default,
                                    description=f"{cls.__doc__}\n\n{CONFIG_HELP}")
             if cls is LocalSettings:  # flags and the config file win over the preset
-                given = flags_given(rest, cls) | (set(config_values(config, cls))
-                                                   if config else set())
-                return _local(settings, given)
+                return _local(settings, flags_given(rest, cls) | set(from_file))
             return run(settings)
         except HetrlError as exc:
             print(f"hetrl {name}: error: {exc}\n(hetrl {name} --help lists every flag)",
