@@ -69,6 +69,15 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     sys.stdout.flush()
 
 
+def git_commit() -> str:
+    """The checkout's short commit, '' outside git."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def machine_info() -> dict[str, Any]:
     """What the figures were measured on."""
     import grpc
@@ -83,11 +92,6 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev = ""
     return {
         "cpu": cpu,
         "cpus_usable": len(os.sched_getaffinity(0)),
@@ -95,7 +99,7 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "numpy": numpy.__version__,
         "grpcio": grpc.__version__,
-        "git": rev,
+        "git": git_commit(),
         "loadavg_at_start": os.getloadavg(),
     }
 

@@ -9,13 +9,17 @@ next to CleanRL's ppo_continuous_action
 figures (docs/benchmark/ppo_continuous_action.md at tag pr-424 of vwxyzjn/cleanrl; the
 v4 envs there, v5 here). A plot per env shows every seed's curve and the reference
 band. Run: `python -m bench.learning [--quick]` (the full form is 15 runs of a few
-minutes on 2 cores; --quick is HalfCheetah-v5, one seed).
+minutes on 2 cores; --quick is HalfCheetah-v5, one seed). The committed record,
+bench/results/summary_learning.json, accumulates: a run replaces the earlier run of the
+same env and seed and keeps the others, so the table can be filled one env at a time
+(each run records the commit and the machine load it ran with).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import statistics
 import time
@@ -77,7 +81,8 @@ def run_one(env: str, seed: int, s: Settings) -> dict:
     for (s0, r0), (s1, r1) in zip(curve, curve[1:], strict=False):
         area += (s1 - s0) * (r0 + r1) / 2
     span = curve[-1][0] - curve[0][0] if len(curve) > 1 else 0
-    return {"env": env, "seed": seed, "ok": result.ok,
+    return {"env": env, "seed": seed, "ok": result.ok, "commit": common.git_commit(),
+            "loadavg_at_end": list(os.getloadavg()),
             "final_return": result.summary.get("mean_return_100"),
             "area_under_curve": area / span if span else None,
             "wall_s": wall, "learner_wall_s": result.summary.get("wall_seconds"),
@@ -93,6 +98,21 @@ def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
+def _with_earlier_runs(runs: list[dict], total_steps: int) -> list[dict]:
+    """This invocation's runs plus the committed record's runs of other (env, seed)
+    pairs at the same step count, in env order of the published table."""
+    path = common.RESULTS / "summary_learning.json"
+    earlier = []
+    if path.exists():
+        record = json.loads(path.read_text())
+        if record.get("settings", {}).get("total_steps") == total_steps:
+            earlier = record["results"]["runs"]
+    fresh = {(r["env"], r["seed"]) for r in runs}
+    merged = [r for r in earlier if (r["env"], r["seed"]) not in fresh] + runs
+    order = {env: i for i, env in enumerate(CLEANRL)}
+    return sorted(merged, key=lambda r: (order.get(r["env"], len(order)), r["env"], r["seed"]))
+
+
 def main(argv: list[str] | None = None) -> dict:
     s = tyro.cli(Settings, args=argv, description=__doc__)
     if s.quick:
@@ -102,8 +122,11 @@ def main(argv: list[str] | None = None) -> dict:
         for seed in s.seeds:
             print(f"{env} seed {seed} ...", flush=True)
             runs.append(run_one(env, seed, s))
+    if not s.quick:
+        runs = _with_earlier_runs(runs, s.total_steps)
+    envs = list(dict.fromkeys([r["env"] for r in runs]))
     summary, rows = {}, []
-    for env in s.envs:
+    for env in envs:
         mine = [r for r in runs if r["env"] == env]
         mean, std = _mean_std([r["final_return"] for r in mine])
         auc, _ = _mean_std([r["area_under_curve"] for r in mine])
@@ -142,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
             plt.legend(fontsize=7)
         return draw
 
-    for env in s.envs:
+    for env in s.envs:  # the curves of this invocation's runs
         common.plot(f"learning-{env}" + ("-quick" if s.quick else ""), draw_for(env))
     results = {"runs": [{k: v for k, v in r.items() if k != "curve"} for r in runs],
                "summary": summary}
