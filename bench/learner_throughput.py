@@ -24,7 +24,7 @@ import torch
 import tyro
 
 from bench import common
-from hetrl.learner.ppo import Batch, ppo_update
+from hetrl.learner.ppo import Batch, make_optimizer, ppo_update
 from hetrl.learner.settings import TrainSettings
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
@@ -108,7 +108,7 @@ def measure(name: str, threads: int, s: Settings) -> dict:
     torch.manual_seed(s.seed)
     cfg = TrainSettings()
     policy = Policy(obs_space, act_space, PolicySettings(policy=net))
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    optimizer = make_optimizer(policy, cfg.learning_rate)
     rng = np.random.default_rng(s.seed)
     runs = []
     for i in range(s.repeats + 1):
