@@ -207,5 +207,6 @@ def fragments_per_batch(cfg: Any, workers: int = 2) -> int:
     from hetrl.learner.settings import auto_fragments_per_batch
 
     chosen = cfg.fragments_per_batch
-    return auto_fragments_per_batch(workers, cfg.credits_per_worker) if chosen == "auto" \
+    return auto_fragments_per_batch(workers, cfg.credits_per_worker,
+                                    cfg.target_policy_lag) if chosen == "auto" \
         else int(chosen)

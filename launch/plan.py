@@ -120,7 +120,8 @@ def _time_updates(settings: PlanSettings, train, seconds: float) -> float:
 
     per_batch = train.fragments_per_batch
     if per_batch == "auto":  # the batch two workers get; more workers, bigger batches
-        per_batch = auto_fragments_per_batch(2, train.credits_per_worker)
+        per_batch = auto_fragments_per_batch(2, train.credits_per_worker,
+                                             train.target_policy_lag)
     n = settings.envs_per_worker * per_batch
     rng = np.random.default_rng(0)
     obs = np.stack([d.observation_space.sample() for _ in range((t_len + 1) * n)])

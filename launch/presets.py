@@ -28,13 +28,16 @@ S = TypeVar("S")
 PRESETS: dict[str, dict[str, Any]] = {
     # The shipped defaults (CartPole solves in ~120k steps; bench/solve.py).
     "classic": {},
-    # PPO's MuJoCo settings (batch 2048, 10 epochs of 32 minibatches, lr 3e-4 annealed),
-    # rewards normalised by the return's std, GAE advantages (bench/learning.py). One
-    # credit per worker keeps the policy lag near 0.5: with two (lag 1) and normalised
-    # rewards, Hopper's clip fraction reached 0.3-0.7 and its policy collapsed at 220k.
+    # PPO's MuJoCo settings (batch 2048 with hetrl local's 2 workers x 8 envs x 64 steps,
+    # 10 epochs of 32 minibatches, lr 3e-4 annealed), rewards normalised by the return's
+    # std, GAE advantages (bench/learning.py). Policy lag near 0.5 (one credit per
+    # worker, batches of 2 fragments per worker): at lag 1 with normalised rewards,
+    # Hopper's clip fraction reached 0.3-0.7 and its policy collapsed at 220k steps. The
+    # batch grows with the cluster to keep that lag.
     "continuous": {
         "learning_rate": 3e-4,
-        "fragments_per_batch": 4,
+        "fragments_per_batch": "auto",
+        "target_policy_lag": 0.5,
         "epochs": 10,
         "minibatches": 32,
         "normalize_rewards": True,

@@ -141,13 +141,15 @@ class Learner:
         return self.batcher.global_step
 
     def fragments_per_batch(self) -> int:
-        """--fragments-per-batch, or (auto) what keeps the policy lag near 2 with the
-        workers connected now (at least one counted, so a batch always has a size)."""
+        """--fragments-per-batch, or (auto) what keeps the policy lag near
+        --target-policy-lag with the workers connected now (at least one counted, so a
+        batch always has a size)."""
         chosen = self.settings.fragments_per_batch
         if chosen != "auto":
             return int(chosen)
         connected = sum(s.state is StreamState.STREAMING for s in self.streams)
-        return auto_fragments_per_batch(connected, self.settings.credits_per_worker)
+        return auto_fragments_per_batch(connected, self.settings.credits_per_worker,
+                                        self.settings.target_policy_lag)
 
     def _resume(self) -> tuple[str, int, dict] | None:
         """Load the newest checkpoint into the policy and optimizer; return its path, its

@@ -54,8 +54,12 @@ class TrainSettings:
     """Trace-cutting lambda of V-trace (equals GAE's lambda when on-policy)."""
     fragments_per_batch: int | Literal["auto"] = "auto"
     """Fragments (from any workers) in one training batch; auto: enough that the mean
-    policy lag stays near 2 updates with the workers connected x --credits-per-worker
-    (2 workers: 2, 14 workers: 14), so a bigger cluster gets bigger batches."""
+    policy lag stays near --target-policy-lag updates with the workers connected x
+    --credits-per-worker (lag 2: 2 workers get 2, 14 workers 14), so a bigger cluster
+    gets bigger batches."""
+    target_policy_lag: float = 2.0
+    """Mean policy lag (updates) that --fragments-per-batch auto aims for: lower means
+    bigger batches and fresher experience, fewer updates per env step."""
     epochs: int = 4
     """Passes over each batch."""
     minibatches: int = 4
@@ -90,6 +94,8 @@ class TrainSettings:
     def __post_init__(self) -> None:
         require(self.total_steps > 0, f"--total-steps must be > 0, got {self.total_steps}")
         require(self.learning_rate > 0, "--learning-rate must be > 0")
+        require(self.target_policy_lag > 0,
+                f"--target-policy-lag must be > 0, got {self.target_policy_lag}")
         require(0 <= self.gamma <= 1, "--gamma must be in [0, 1]")
         require(0 <= self.gae_lambda <= 1, "--gae-lambda must be in [0, 1]")
         if isinstance(self.fragments_per_batch, str) and self.fragments_per_batch != "auto":

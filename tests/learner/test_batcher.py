@@ -247,6 +247,7 @@ def test_auto_fragments_per_batch_keeps_lag_near_two() -> None:
     assert auto_fragments_per_batch(140, 2) == 140
     assert auto_fragments_per_batch(3, 1) == 2
     assert auto_fragments_per_batch(0, 2) == 1  # none connected yet: still a batch
+    assert auto_fragments_per_batch(2, 1, target_lag=0.5) == 4  # the continuous preset
 
 
 @pytest.mark.parametrize("value", ["auto", 8])
