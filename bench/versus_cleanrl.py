@@ -3,9 +3,9 @@
 CleanRL's script is not shipped with hetrl: pass the path of your copy (from
 github.com/vwxyzjn/cleanrl, cleanrl/ppo_continuous_action.py). It runs unmodified in
 its own process with its own defaults (1 env x 2,048 steps, 10 epochs x 32 minibatches,
-its torch thread default), through a shim that only lets its
-`TransformObservation(env, func)` call work on gymnasium >= 1.0 (which added a third
-argument); then `hetrl local` runs the same env, steps and seed with the preset hetrl
+its torch thread default; the record keeps the script's sha256), through a shim that
+only lets its `TransformObservation(env, func)` call work on gymnasium >= 1.0 (which
+added a third argument); then `hetrl local` runs the same env, steps and seed with the preset hetrl
 picks (continuous: the same update settings). The two alternate, `--repeats` times.
 
 Reported per side, median [min-max] over repeats: env steps/s by the run's own clock
@@ -20,6 +20,7 @@ from other processes is recorded beside each. Run:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import shutil
@@ -131,7 +132,11 @@ def main(argv: list[str] | None = None) -> dict:
         "preset) vs CleanRL ppo_continuous_action.py",
         ["", "env steps/s (run clock)", "env steps/s (process wall)", "wall s",
          "other load (cores)"], rows)
-    common.write_json("versus_cleanrl", s, {"runs": runs, "summary": summary})
+    # The committed record (bench/results/summary*.json are kept in git).
+    script = {"path": str(s.cleanrl_script),
+              "sha256": hashlib.sha256(s.cleanrl_script.read_bytes()).hexdigest()}
+    common.write_json("summary_versus_cleanrl", s,
+                      {"cleanrl_script": script, "runs": runs, "summary": summary})
     return summary
 
 
