@@ -103,7 +103,10 @@ def ppo_update_async(
     with torch.no_grad():
         flat_obs = batch.observations.reshape((t_len + 1) * n, *obs_shape)
         flat_actions = batch.actions.reshape(t_len * n, *batch.actions.shape[2:])
-        heads, values = policy.heads(flat_obs)
+        # Normalised once: the statistics stay fixed during the update. Pixels stay
+        # uint8 until a minibatch needs them (a quarter of the memory).
+        net_obs = flat_obs if policy.scale_uint8 else policy.preprocess(flat_obs)
+        heads, values = policy.heads(net_obs, preprocessed=not policy.scale_uint8)
         values = values.reshape(t_len + 1, n)
         step_dist = policy.distribution(heads[: t_len * n])
         target_logp = policy.log_prob(step_dist, flat_actions).reshape(t_len, n)
@@ -123,7 +126,7 @@ def ppo_update_async(
             advantages = gae_advantages(vs, values, batch.valid)
 
     # Flatten the valid steps into one training set.
-    b_obs = flat_obs[: t_len * n][keep]
+    b_obs = net_obs[: t_len * n][keep]
     b_actions = flat_actions[keep]
     b_logprobs = batch.logprobs.reshape(-1)[keep]
     b_advantages = advantages.reshape(-1)[keep]
@@ -131,23 +134,20 @@ def ppo_update_async(
     b_values = values[:-1].reshape(-1)[keep]
     mb_size = max(1, size // cfg.minibatches)
 
-    # Statistics stay on the device: the last minibatch's losses (as CleanRL reports
-    # them) and the clip fraction summed over all minibatches.
+    # Statistics stay on the device: the last minibatch's losses and the clip fraction
+    # summed over all minibatches. Per minibatch, only what the step needs is computed.
     clipfrac_sum = torch.zeros((), device=b_obs.device)
     params = [p for p in policy.parameters() if p.requires_grad]  # not walked per minibatch
     minibatch_count = 0
-    stats: dict[str, torch.Tensor | float] = {}
     for _ in range(cfg.epochs):
         b_inds = torch.randperm(size, device=b_obs.device)
         for start in range(0, size, mb_size):
             mb_inds = b_inds[start : start + mb_size]
-            dist, new_value = policy(b_obs[mb_inds])
+            dist, new_value = policy(b_obs[mb_inds], preprocessed=not policy.scale_uint8)
             new_logp = policy.log_prob(dist, b_actions[mb_inds])
-            entropy = policy.entropy(dist)
             logratio = new_logp - b_logprobs[mb_inds]
             ratio = logratio.exp()
             with torch.no_grad():
-                approx_kl = ((ratio - 1) - logratio).mean()
                 clipfrac_sum += ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
                 minibatch_count += 1
 
@@ -158,20 +158,26 @@ def ppo_update_async(
                 -mb_adv * ratio, -mb_adv * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
             ).mean()
             v_loss = 0.5 * (new_value - b_returns[mb_inds]).square().mean()
-            entropy_loss = entropy.mean()
-            loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+            loss = pg_loss + cfg.vf_coef * v_loss
+            if cfg.ent_coef:  # (a zero coefficient: the entropy is only reported, below)
+                loss = loss - cfg.ent_coef * policy.entropy(dist).mean()
 
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
+
+    # The last minibatch's statistics, as CleanRL reports them (`dist` and `logratio`
+    # hold what the policy computed before that minibatch's step).
+    stats: dict[str, torch.Tensor | float] = {}
+    if minibatch_count:
+        with torch.no_grad():
             stats = {
                 "losses/policy_loss": pg_loss.detach(),
                 "losses/value_loss": v_loss.detach(),
-                "losses/entropy": entropy_loss.detach(),
-                "losses/approx_kl": approx_kl,
+                "losses/entropy": policy.entropy(dist).mean(),
+                "losses/approx_kl": ((ratio - 1) - logratio).mean(),
             }
-
     stats["losses/clipfrac"] = clipfrac_sum / max(minibatch_count, 1)
     stats["losses/explained_variance"] = _explained_variance(b_values, b_returns)
     stats["charts/samples_trained"] = float(size)

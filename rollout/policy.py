@@ -133,9 +133,11 @@ class Policy(nn.Module):
         obs = obs.float()
         return self.obs_rms(obs) if self.obs_rms is not None else obs
 
-    def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Raw network outputs: (logits or action mean, value)."""
-        return self.net(self.preprocess(obs))
+    def heads(self, obs: torch.Tensor, preprocessed: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw network outputs: (logits or action mean, value); `preprocessed`: `obs`
+        already went through `preprocess`."""
+        return self.net(obs if preprocessed else self.preprocess(obs))
 
     def distribution(self, head: torch.Tensor) -> torch.distributions.Distribution:
         # No argument validation: it costs ~20% of a CartPole worker's policy step, and
@@ -144,8 +146,9 @@ class Policy(nn.Module):
             return Categorical(logits=head, validate_args=False)
         return Normal(head, self.log_std.exp().expand_as(head), validate_args=False)
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
-        head, value = self.heads(obs)
+    def forward(self, obs: torch.Tensor, preprocessed: bool = False
+                ) -> tuple[torch.distributions.Distribution, torch.Tensor]:
+        head, value = self.heads(obs, preprocessed)
         return self.distribution(head), value
 
     def log_prob(self, dist: torch.distributions.Distribution, actions: torch.Tensor):

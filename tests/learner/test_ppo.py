@@ -11,6 +11,7 @@ log-probs off the current policy, so some ratios are clipped.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 
@@ -108,15 +109,21 @@ def reference_update(policy: Policy, optimizer, batch: Batch, cfg: TrainSettings
 
 @pytest.mark.parametrize("kind", SPACES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_ppo_update_matches_the_per_sample_reference(kind: str, seed: int) -> None:
+@pytest.mark.parametrize(("ent_coef", "normalize"), [(0.01, False), (0.0, True)])
+def test_ppo_update_matches_the_per_sample_reference(kind: str, seed: int, ent_coef: float,
+                                                     normalize: bool) -> None:
+    cfg = dataclasses.replace(CFG, ent_coef=ent_coef)
     torch.manual_seed(seed)
     obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
-    policy = Policy(obs_space, SPACES[kind], PolicySettings(normalize_observations=False))
+    policy = Policy(obs_space, SPACES[kind], PolicySettings(normalize_observations=normalize))
     reference = copy.deepcopy(policy)
     batch = random_batch(policy, seed)
-    stats = ppo_update(policy, torch.optim.SGD(policy.parameters(), lr=0.1), batch, CFG)
+    stats = ppo_update(policy, torch.optim.SGD(policy.parameters(), lr=0.1), batch, cfg)
+    if normalize:  # the update first takes the batch's valid observations into its statistics
+        reference.obs_rms.update(batch.observations[:-1][batch.valid])
+        torch.testing.assert_close(reference.obs_rms.var, policy.obs_rms.var)
     expected = reference_update(reference, torch.optim.SGD(reference.parameters(), lr=0.1),
-                                batch, CFG)
+                                batch, cfg)
     assert stats.keys() == expected.keys()
     for key, value in expected.items():
         assert stats[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
