@@ -23,6 +23,7 @@ import os
 import shutil
 import statistics
 import time
+from pathlib import Path
 
 import tyro
 
@@ -56,6 +57,9 @@ class Settings:
     investigations; the published figures use none."""
     quick: bool = False
     """HalfCheetah-v5 with seed 1 only."""
+    from_run_dirs: bool = False
+    """Run nothing: record the finished runs of --envs x --seeds from their directories
+    in bench/results/runs (whole-run wall time then unknown; the learner's is kept)."""
 
 
 def _overrides(extra: tuple[str, ...]) -> dict:
@@ -67,28 +71,50 @@ def _overrides(extra: tuple[str, ...]) -> dict:
     return values
 
 
-def run_one(env: str, seed: int, s: Settings) -> dict:
-    out = common.RESULTS / "runs" / f"learning-{env}-seed{seed}"
-    shutil.rmtree(out, ignore_errors=True)
-    start = time.perf_counter()
-    result = run_local(env=env, seed=seed, workers=s.workers, total_steps=s.total_steps,
-                       out=str(out), progress=False, **_overrides(s.extra))
-    wall = time.perf_counter() - start
-    curve = [(r["global_step"], r["charts/mean_return_100"]) for r in
-             (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
-             if "charts/mean_return_100" in r]
+def run_dir(env: str, seed: int) -> Path:
+    return common.RESULTS / "runs" / f"learning-{env}-seed{seed}"
+
+
+def curve_of(out: Path) -> list[tuple[int, float]]:
+    """(env steps, mean return of the last 100 episodes) per update of a run; [] if its
+    directory is gone."""
+    metrics = out / "metrics.jsonl"
+    if not metrics.exists():
+        return []
+    return [(r["global_step"], r["charts/mean_return_100"]) for r in
+            (json.loads(line) for line in metrics.read_text().splitlines())
+            if "charts/mean_return_100" in r]
+
+
+def record(env: str, seed: int, wall: float | None) -> dict:
+    """A run's record, from its directory (its summary.json and metrics.jsonl); `wall`
+    None: recorded afterwards (--from-run-dirs), so the commit and load it ran with are
+    not known either."""
+    out = run_dir(env, seed)
+    summary = json.loads((out / "summary.json").read_text())
+    curve = curve_of(out)
     area = 0.0
     for (s0, r0), (s1, r1) in zip(curve, curve[1:], strict=False):
         area += (s1 - s0) * (r0 + r1) / 2
     span = curve[-1][0] - curve[0][0] if len(curve) > 1 else 0
-    return {"env": env, "seed": seed, "ok": result.ok, "commit": common.git_commit(),
-            "loadavg_at_end": list(os.getloadavg()),
-            "final_return": result.summary.get("mean_return_100"),
+    learner_wall = summary.get("wall_seconds")
+    return {"env": env, "seed": seed, "ok": summary.get("outcome") == "finished",
+            "commit": common.git_commit() if wall is not None else None,
+            "loadavg_at_end": list(os.getloadavg()) if wall is not None else None,
+            "final_return": summary.get("mean_return_100"),
             "area_under_curve": area / span if span else None,
-            "wall_s": wall, "learner_wall_s": result.summary.get("wall_seconds"),
-            "steps_per_s": result.summary.get("global_step", 0) / max(
-                result.summary.get("wall_seconds") or 1e-9, 1e-9),
+            "wall_s": wall, "learner_wall_s": learner_wall,
+            "steps_per_s": summary.get("global_step", 0) / max(learner_wall or 1e-9, 1e-9),
             "curve": curve}
+
+
+def run_one(env: str, seed: int, s: Settings) -> dict:
+    out = run_dir(env, seed)
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    run_local(env=env, seed=seed, workers=s.workers, total_steps=s.total_steps,
+              out=str(out), progress=False, **_overrides(s.extra))
+    return record(env, seed, time.perf_counter() - start)
 
 
 def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
@@ -120,6 +146,10 @@ def main(argv: list[str] | None = None) -> dict:
     runs = []
     for env in s.envs:
         for seed in s.seeds:
+            if s.from_run_dirs:
+                if (run_dir(env, seed) / "summary.json").exists():
+                    runs.append(record(env, seed, None))
+                continue
             print(f"{env} seed {seed} ...", flush=True)
             runs.append(run_one(env, seed, s))
     if not s.quick:
@@ -135,26 +165,30 @@ def main(argv: list[str] | None = None) -> dict:
         summary[env] = {"final_return_mean": mean, "final_return_std": std,
                         "area_under_curve": auc, "cleanrl": [ref_mean, ref_std],
                         "meets_reference_minus_std": meets,
-                        "wall_s": common.summarize([r["wall_s"] for r in mine]),
+                        "wall_s": common.summarize([r["wall_s"] for r in mine
+                                                    if r["wall_s"] is not None]),
+                        "learner_wall_s": common.summarize([r["learner_wall_s"] for r in mine]),
                         "steps_per_s": common.summarize([r["steps_per_s"] for r in mine])}
         rows.append([env, len(mine),
                      "-" if mean is None else f"{mean:,.0f} ± {std:,.0f}",
                      "-" if ref_mean is None else f"{ref_mean:,.0f} ± {ref_std:,.0f}",
                      {None: "-", True: "yes", False: "no"}[meets],
                      "-" if auc is None else f"{auc:,.0f}",
-                     common.fmt(summary[env]["wall_s"], ".0f"),
+                     common.fmt(summary[env]["learner_wall_s"], ".0f"),
                      common.fmt(summary[env]["steps_per_s"], ",.0f")])
     common.print_table(
         f"Learning at {s.total_steps:,} env steps: hetrl ({s.workers} workers, settings "
         f"{' '.join(s.extra) or 'of the preset'}) vs CleanRL ppo_continuous_action (v4)",
         ["env", "seeds", "hetrl final return", "CleanRL", ">= ref - std", "area under curve",
-         "wall s", "env steps/s"], rows)
+         "training wall s", "env steps/s"], rows)
 
     def draw_for(env: str):
         def draw(plt) -> None:
             for r in (r for r in runs if r["env"] == env):
-                plt.plot([c[0] for c in r["curve"]], [c[1] for c in r["curve"]],
-                         label=f"hetrl seed {r['seed']}")
+                curve = r.get("curve") or curve_of(run_dir(env, r["seed"]))
+                if curve:  # (an earlier run's directory may be gone)
+                    plt.plot([c[0] for c in curve], [c[1] for c in curve],
+                             label=f"hetrl seed {r['seed']}")
             ref_mean, ref_std = CLEANRL.get(env, (None, None))
             if ref_mean is not None:
                 plt.axhspan(ref_mean - ref_std, ref_mean + ref_std, alpha=0.2, color="grey",
@@ -165,13 +199,13 @@ def main(argv: list[str] | None = None) -> dict:
             plt.legend(fontsize=7)
         return draw
 
-    for env in s.envs:  # the curves of this invocation's runs
-        common.plot(f"learning-{env}" + ("-quick" if s.quick else ""), draw_for(env))
     results = {"runs": [{k: v for k, v in r.items() if k != "curve"} for r in runs],
                "summary": summary}
     common.write_json("learning", s, results)
     if not s.quick:  # the committed record (bench/results/summary*.json are kept in git)
         common.write_json("summary_learning", s, results)
+    for env in envs:  # plotted after the records are safe; seeds whose directory is gone
+        common.plot(f"learning-{env}" + ("-quick" if s.quick else ""), draw_for(env))
     return summary
 
 
