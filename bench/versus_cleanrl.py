@@ -82,6 +82,9 @@ def run_cleanrl(s: Settings) -> dict:
         raise RuntimeError(f"CleanRL's script failed (exit {done.returncode}):\n"
                            f"{done.stderr[-3000:]}")
     sps = [int(v) for v in re.findall(r"^SPS: (\d+)", done.stdout, re.M)]
+    if not sps:
+        raise RuntimeError("CleanRL's script printed no 'SPS:' line: is it "
+                           f"ppo_continuous_action.py?\n{done.stdout[-2000:]}")
     steps = s.total_steps // 2048 * 2048  # whole iterations of 1 env x 2,048 steps
     return {"steps_per_s": float(sps[-1]), "wall_s": wall, "steps_per_s_wall": steps / wall,
             "foreign_load": foreign}
@@ -105,6 +108,8 @@ def run_hetrl(s: Settings) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     s = tyro.cli(Settings, args=argv, description=__doc__)
+    if s.total_steps < 2048:
+        raise SystemExit("--total-steps must be at least CleanRL's one iteration, 2048")
     if not s.cleanrl_script.is_file():
         raise SystemExit(f"--cleanrl-script {s.cleanrl_script}: no such file; get "
                          "cleanrl/ppo_continuous_action.py from github.com/vwxyzjn/cleanrl")
