@@ -199,14 +199,3 @@ class ForeignLoad:
         t0, busy0, ours0 = self._start
         elapsed = time.perf_counter() - t0
         return max(0.0, ((self._busy() - busy0) - (self._ours() - ours0)) / max(elapsed, 1e-9))
-
-
-def fragments_per_batch(cfg: Any, workers: int = 2) -> int:
-    """The learner's batch in fragments for `workers` workers (resolves --fragments-per-batch
-    auto as the learner does; 2 workers is `hetrl local`'s default)."""
-    from hetrl.learner.settings import auto_fragments_per_batch
-
-    chosen = cfg.fragments_per_batch
-    return auto_fragments_per_batch(workers, cfg.credits_per_worker,
-                                    cfg.target_policy_lag) if chosen == "auto" \
-        else int(chosen)

@@ -112,7 +112,7 @@ def measure(name: str, threads: int, s: Settings) -> dict:
     rng = np.random.default_rng(s.seed)
     runs = []
     for i in range(s.repeats + 1):
-        frags = fragments(obs_space, act_space, s, common.fragments_per_batch(cfg), rng)
+        frags = fragments(obs_space, act_space, s, cfg.batch_fragments(2), rng)
         result = learner_step(policy, optimizer, frags, cfg)
         if i:  # the first step is a warm-up
             runs.append(result)
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             results.append(measure(name, threads, s))
     common.print_table(
         f"Learner throughput on CPU: env samples/s of one learner step "
-        f"(batch {common.fragments_per_batch(TrainSettings())} x {s.fragment_length} x "
+        f"(batch {TrainSettings().batch_fragments(2)} x {s.fragment_length} x "
         f"{s.envs_per_worker}, {TrainSettings().epochs} epochs x "
         f"{TrainSettings().minibatches} minibatches; median [min-max] of {s.repeats})",
         ["model", "threads", "samples/s (whole step)", "update only", "gradient samples/s",

@@ -130,9 +130,9 @@ def _with_earlier_runs(runs: list[dict], total_steps: int) -> list[dict]:
     path = common.RESULTS / "summary_learning.json"
     earlier = []
     if path.exists():
-        record = json.loads(path.read_text())
-        if record.get("settings", {}).get("total_steps") == total_steps:
-            earlier = record["results"]["runs"]
+        committed = json.loads(path.read_text())
+        if committed.get("settings", {}).get("total_steps") == total_steps:
+            earlier = committed["results"]["runs"]
     fresh = {(r["env"], r["seed"]) for r in runs}
     merged = [r for r in earlier if (r["env"], r["seed"]) not in fresh] + runs
     order = {env: i for i, env in enumerate(CLEANRL)}

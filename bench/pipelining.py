@@ -80,7 +80,7 @@ def serial(s: Settings) -> dict:
     start = time.perf_counter()
     while steps < s.total_steps:
         t0 = time.perf_counter()
-        frags = [collector.collect() for _ in range(common.fragments_per_batch(cfg))]
+        frags = [collector.collect() for _ in range(cfg.batch_fragments(2))]
         t1 = time.perf_counter()
         optimizer.param_groups[0]["lr"] = max(0.0, 1 - steps / cfg.total_steps) * cfg.learning_rate
 
@@ -131,7 +131,7 @@ def pipelined(s: Settings, run: int) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     first, last = records[0], records[-1]
     span = last["wall_seconds"] - first["wall_seconds"]
-    per_batch = common.fragments_per_batch(TrainSettings())
+    per_batch = TrainSettings().batch_fragments(2)
     worker_wait = sum(r.get("charts/worker_wait_seconds", 0.0)
                       * r.get("charts/fragments_per_batch", per_batch) for r in records[1:])
     learner_busy = summary["learner_wait_seconds"] + summary["learner_train_seconds"]

@@ -100,7 +100,7 @@ def measure_learner(s: Settings) -> list[float]:
     rates = []
     for i in range(s.repeats + 1):
         frags = learner_throughput.fragments(desc.observation_space, desc.action_space, lt,
-                                             common.fragments_per_batch(cfg), rng)
+                                             cfg.batch_fragments(2), rng)
         step = learner_throughput.learner_step(policy, optimizer, frags, cfg)
         if i:
             rates.append(step["steps"] / step["total"])

@@ -116,13 +116,8 @@ def _time_updates(settings: PlanSettings, train, seconds: float) -> float:
     policy = Policy(d.observation_space, d.action_space, settings)
     optimizer = make_optimizer(policy, train.learning_rate)
     t_len = settings.fragment_length
-    from hetrl.learner.settings import auto_fragments_per_batch
-
-    per_batch = train.fragments_per_batch
-    if per_batch == "auto":  # the batch two workers get; more workers, bigger batches
-        per_batch = auto_fragments_per_batch(2, train.credits_per_worker,
-                                             train.target_policy_lag)
-    n = settings.envs_per_worker * per_batch
+    # The batch two workers get (auto: more workers, bigger batches).
+    n = settings.envs_per_worker * train.batch_fragments(2)
     rng = np.random.default_rng(0)
     obs = np.stack([d.observation_space.sample() for _ in range((t_len + 1) * n)])
     actions = np.stack([d.action_space.sample() for _ in range(t_len * n)])

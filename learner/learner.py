@@ -40,7 +40,7 @@ from hetrl.learner.evaluation import PeriodicEval
 from hetrl.learner.metrics import MetricsWriter, RunBooks, StallWatch
 from hetrl.learner.ppo import make_optimizer, ppo_update_async, read_stats
 from hetrl.learner.publisher import Publisher, weights_message
-from hetrl.learner.settings import LearnerSettings, auto_fragments_per_batch, default_run_dir
+from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.learner.utilisation import UtilisationSampler
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import HetrlError, NonFiniteError, OutputError
@@ -144,12 +144,8 @@ class Learner:
         """--fragments-per-batch, or (auto) what keeps the policy lag near
         --target-policy-lag with the workers connected now (at least one counted, so a
         batch always has a size)."""
-        chosen = self.settings.fragments_per_batch
-        if chosen != "auto":
-            return int(chosen)
         connected = sum(s.state is StreamState.STREAMING for s in self.streams)
-        return auto_fragments_per_batch(connected, self.settings.credits_per_worker,
-                                        self.settings.target_policy_lag)
+        return self.settings.batch_fragments(connected)
 
     def _resume(self) -> tuple[str, int, dict] | None:
         """Load the newest checkpoint into the policy and optimizer; return its path, its

@@ -106,8 +106,9 @@ def ppo_update_async(
         flat_actions = batch.actions.reshape(t_len * n, *batch.actions.shape[2:])
         # Normalised once: the statistics stay fixed during the update. Pixels stay
         # uint8 until a minibatch needs them (a quarter of the memory).
-        net_obs = flat_obs if policy.scale_uint8 else policy.preprocess(flat_obs)
-        heads, values = policy.heads(net_obs, preprocessed=not policy.scale_uint8)
+        once = not policy.scale_uint8
+        net_obs = policy.preprocess(flat_obs) if once else flat_obs
+        heads, values = policy.heads(net_obs, preprocessed=once)
         values = values.reshape(t_len + 1, n)
         step_dist = policy.distribution(heads[: t_len * n])
         target_logp = policy.log_prob(step_dist, flat_actions).reshape(t_len, n)
@@ -144,7 +145,7 @@ def ppo_update_async(
         b_inds = torch.randperm(size, device=b_obs.device)
         for start in range(0, size, mb_size):
             mb_inds = b_inds[start : start + mb_size]
-            dist, new_value = policy(b_obs[mb_inds], preprocessed=not policy.scale_uint8)
+            dist, new_value = policy(b_obs[mb_inds], preprocessed=once)
             new_logp = policy.log_prob(dist, b_actions[mb_inds])
             logratio = new_logp - b_logprobs[mb_inds]
             ratio = logratio.exp()

@@ -114,6 +114,15 @@ class TrainSettings:
         require(self.advantages in ("vtrace", "gae"), "--advantages must be vtrace or gae")
         _chain_post_init(self, TrainSettings)
 
+    def batch_fragments(self, workers: int) -> int:
+        """Fragments per training batch with `workers` workers connected: the number
+        given, or (auto) what keeps the mean policy lag near --target-policy-lag."""
+        if self.fragments_per_batch == "auto":
+            return auto_fragments_per_batch(workers, self.credits_per_worker,
+                                            self.target_policy_lag)
+        return int(self.fragments_per_batch)
+
+
 @dataclasses.dataclass
 class OutputSettings:
     """Where a run writes its metrics and model."""

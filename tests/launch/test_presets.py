@@ -11,7 +11,7 @@ import pytest
 
 from hetrl.launch.presets import PRESETS, apply_preset, preset_for
 from hetrl.launch.settings import ClusterSettings, LocalSettings, flags_given
-from hetrl.learner.settings import TrainSettings, auto_fragments_per_batch
+from hetrl.learner.settings import TrainSettings
 from hetrl.rollout.errors import ConfigError
 from tests.helpers import hetrl
 
@@ -53,14 +53,9 @@ def test_continuous_preset_fills_what_is_not_given() -> None:
 
 def test_the_continuous_batch_is_ppos_2048_steps_locally_and_grows_with_the_cluster() -> None:
     settings, _ = apply_preset(LocalSettings(env="Hopper-v5"), set())
-
-    def per_batch(workers: int) -> int:
-        return auto_fragments_per_batch(workers, settings.credits_per_worker,
-                                        settings.target_policy_lag)
-
     steps = settings.envs_per_worker * settings.fragment_length
-    assert per_batch(settings.workers) * steps == 2048  # hetrl local's 2 workers
-    assert per_batch(14) == 28  # lag stays near 0.5 with 14 workers of one credit
+    assert settings.batch_fragments(settings.workers) * steps == 2048  # hetrl local's 2
+    assert settings.batch_fragments(14) == 28  # lag near 0.5 with 14 workers of one credit
 
 
 def test_given_settings_win_over_the_preset() -> None:
