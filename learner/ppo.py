@@ -111,7 +111,7 @@ def ppo_update_async(
         heads, values = policy.heads(net_obs, preprocessed=once)
         values = values.reshape(t_len + 1, n)
         step_dist = policy.distribution(heads[: t_len * n])
-        target_logp = policy.log_prob(step_dist, flat_actions).reshape(t_len, n)
+        target_logp = step_dist.log_prob(flat_actions).reshape(t_len, n)
         vs, advantages = vtrace(
             target_logp - batch.logprobs,
             batch.rewards * cfg.reward_scale,
@@ -146,7 +146,7 @@ def ppo_update_async(
         for start in range(0, size, mb_size):
             mb_inds = b_inds[start : start + mb_size]
             dist, new_value = policy(b_obs[mb_inds], preprocessed=once)
-            new_logp = policy.log_prob(dist, b_actions[mb_inds])
+            new_logp = dist.log_prob(b_actions[mb_inds])
             logratio = new_logp - b_logprobs[mb_inds]
             ratio = logratio.exp()
             with torch.no_grad():
@@ -162,7 +162,7 @@ def ppo_update_async(
             v_loss = 0.5 * (new_value - b_returns[mb_inds]).square().mean()
             loss = pg_loss + cfg.vf_coef * v_loss
             if cfg.ent_coef:  # (a zero coefficient: the entropy is only reported, below)
-                loss = loss - cfg.ent_coef * policy.entropy(dist).mean()
+                loss = loss - cfg.ent_coef * dist.entropy().mean()
 
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -177,7 +177,7 @@ def ppo_update_async(
             stats = {
                 "losses/policy_loss": pg_loss.detach(),
                 "losses/value_loss": v_loss.detach(),
-                "losses/entropy": policy.entropy(dist).mean(),
+                "losses/entropy": dist.entropy().mean(),
                 "losses/approx_kl": ((ratio - 1) - logratio).mean(),
             }
     stats["losses/clipfrac"] = clipfrac_sum / max(minibatch_count, 1)

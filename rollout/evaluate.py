@@ -86,12 +86,7 @@ class TrainedPolicy:
             raise ValueError(f"act takes one observation of shape {shape} or a batch of "
                              f"shape (B, {', '.join(map(str, shape))}); got {obs.shape}")
         dist, _ = self.policy(torch.from_numpy(obs[None] if single else obs))
-        if not deterministic:
-            raw = dist.sample()
-        elif self.policy.discrete:
-            raw = dist.logits.argmax(-1)
-        else:
-            raw = dist.mean
+        raw = dist.mode() if deterministic else dist.sample()
         actions = self.policy.env_actions(raw.numpy())
         return actions[0] if single else actions
 

@@ -43,7 +43,7 @@ def random_batch(policy: Policy, seed: int) -> Batch:
     with torch.no_grad():
         dist, _ = policy(obs[:-1].reshape(T * N, 4))
         actions = dist.sample()
-        logp = policy.log_prob(dist, actions).reshape(T, N)
+        logp = dist.log_prob(actions).reshape(T, N)
     # Episode ends, each followed by an invalid reset step, as a collector makes them.
     steps = random_fragment(seed, T, N)
     return Batch(
@@ -68,7 +68,7 @@ def reference_update(policy: Policy, optimizer, batch: Batch, cfg: TrainSettings
         values = torch.tensor([[one(t, i)[1].item() for i in range(N)] for t in range(T + 1)],
                               dtype=torch.float64)
         target_logp = torch.tensor(
-            [[policy.log_prob(one(t, i)[0], batch.actions[t, i][None]).item()
+            [[one(t, i)[0].log_prob(batch.actions[t, i][None]).item()
               for i in range(N)] for t in range(T)], dtype=torch.float64)
     vs, adv = reference_vtrace(
         target_logp - batch.logprobs.double(), batch.rewards.double() * cfg.reward_scale,
@@ -81,12 +81,12 @@ def reference_update(policy: Policy, optimizer, batch: Batch, cfg: TrainSettings
     for (t, i), a in zip(steps, raw, strict=True):
         a = (a - mean) / (std + 1e-8)
         dist, value = one(t, i)
-        logratio = policy.log_prob(dist, batch.actions[t, i][None])[0] - batch.logprobs[t, i]
+        logratio = dist.log_prob(batch.actions[t, i][None])[0] - batch.logprobs[t, i]
         ratio = logratio.exp()
         clamped = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
         pg.append(torch.max(-a * ratio, -a * clamped))
         vf.append(0.5 * (value - vs[t, i].item()) ** 2)
-        ent.append(policy.entropy(dist)[0])
+        ent.append(dist.entropy()[0])
         kl.append(((ratio - 1) - logratio).item())
         clipped += abs(ratio.item() - 1) > cfg.clip_coef
     pg_loss, v_loss, entropy = (torch.stack(x).mean() for x in (pg, vf, ent))

@@ -63,7 +63,7 @@ def test_act_shapes_and_logprobs() -> None:
     actions, logp = policy.act(np.zeros((7, 4), np.float32))
     assert actions.shape == (7, 2) and logp.shape == (7,)
     dist, _ = policy(torch.zeros(7, 4))
-    expected = policy.log_prob(dist, torch.from_numpy(actions)).detach().numpy()
+    expected = dist.log_prob(torch.from_numpy(actions)).detach().numpy()
     np.testing.assert_allclose(expected, logp, rtol=1e-5, atol=1e-6)
 
 
