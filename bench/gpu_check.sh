@@ -50,6 +50,7 @@ EOF
 # 0. No host sync inside the update (torch raises on one under sync debug mode "error").
 python3 - >> "$R" <<'EOF' 2>&1
 import json, torch, gymnasium as gym, numpy as np
+from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.ppo import Batch, ppo_update_async
 from hetrl.learner.settings import TrainSettings
 from hetrl.rollout.policy import Policy
@@ -57,9 +58,9 @@ from hetrl.rollout.settings import PolicySettings
 d, t, n = torch.device("cuda"), 64, 16
 obs = gym.spaces.Box(-np.inf, np.inf, (348,), np.float64)
 policy = Policy(obs, gym.spaces.Box(-0.4, 0.4, (17,), np.float32), PolicySettings()).to(d)
-opt = torch.optim.Adam(policy.parameters(), lr=1e-3, fused=True)
+opt = PolicyAdam(policy, 1e-3)
 flags = {k: torch.zeros(t, n, dtype=torch.bool, device=d) for k in ("terminated", "truncated")}
-b = Batch(obs=torch.randn(t + 1, n, 348, dtype=torch.float64, device=d),
+b = Batch(observations=torch.randn(t + 1, n, 348, dtype=torch.float64, device=d),
           actions=torch.randn(t, n, 17, device=d), logprobs=torch.full((t, n), -0.7, device=d),
           rewards=torch.ones(t, n, device=d), valid=torch.ones(t, n, dtype=torch.bool, device=d),
           valid_count=t * n, **flags)

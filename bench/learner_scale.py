@@ -278,7 +278,7 @@ def measure(model: str, workers: int, s: Settings) -> dict:
 def _update_setup(model: str, count: int, device: torch.device, s: Settings):
     """What timing one update needs: settings, the policy and its optimizer on `device`
     (as the learner builds them), `count` synthetic fragments, and the spaces."""
-    from hetrl.learner.ppo import make_optimizer
+    from hetrl.learner.optimizer import PolicyAdam
     from hetrl.learner.settings import TrainSettings
     from hetrl.rollout.policy import Policy
     from hetrl.rollout.settings import PolicySettings
@@ -287,7 +287,7 @@ def _update_setup(model: str, count: int, device: torch.device, s: Settings):
     torch.manual_seed(s.seed)
     cfg = TrainSettings()
     policy = Policy(obs_space, act_space, PolicySettings(policy=net)).to(device)
-    optimizer = make_optimizer(policy, cfg.learning_rate)
+    optimizer = PolicyAdam(policy, cfg.learning_rate)
     rng = np.random.default_rng(s.seed)
     lt = learner_throughput.Settings(fragment_length=s.fragment_length,
                                      envs_per_worker=s.envs_per_worker)

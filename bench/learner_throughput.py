@@ -24,7 +24,8 @@ import torch
 import tyro
 
 from bench import common
-from hetrl.learner.ppo import Batch, make_optimizer, ppo_update
+from hetrl.learner.optimizer import PolicyAdam
+from hetrl.learner.ppo import Batch, ppo_update
 from hetrl.learner.settings import TrainSettings
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
@@ -108,7 +109,7 @@ def measure(name: str, threads: int, s: Settings) -> dict:
     torch.manual_seed(s.seed)
     cfg = TrainSettings()
     policy = Policy(obs_space, act_space, PolicySettings(policy=net))
-    optimizer = make_optimizer(policy, cfg.learning_rate)
+    optimizer = PolicyAdam(policy, cfg.learning_rate)
     rng = np.random.default_rng(s.seed)
     runs = []
     for i in range(s.repeats + 1):

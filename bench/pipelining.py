@@ -27,7 +27,8 @@ import torch
 import tyro
 
 from bench import common, harness
-from hetrl.learner.ppo import Batch, make_optimizer, ppo_update
+from hetrl.learner.optimizer import PolicyAdam
+from hetrl.learner.ppo import Batch, ppo_update
 from hetrl.learner.settings import LearnerSettings, TrainSettings
 from hetrl.rollout.collector import Collector
 from hetrl.rollout.envs import make_vector_env
@@ -73,7 +74,7 @@ def serial(s: Settings) -> dict:
     torch.manual_seed(s.seed)
     envs = make_vector_env(settings, s.envs_per_worker, settings.vector_mode)
     policy = Policy(envs.single_observation_space, envs.single_action_space, settings)
-    optimizer = make_optimizer(policy, cfg.learning_rate)
+    optimizer = PolicyAdam(policy, cfg.learning_rate)
     collector = Collector(envs, policy, s.fragment_length, s.seed)
     steps, collect_s, train_s, records = 0, 0.0, 0.0, []
     load = common.ForeignLoad([os.getpid()]).start()

@@ -28,7 +28,7 @@ import tyro
 
 from bench import common, harness, learner_throughput
 from hetrl.launch import run_local
-from hetrl.learner.ppo import make_optimizer
+from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.settings import TrainSettings
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.policy import Policy
@@ -93,7 +93,7 @@ def measure_learner(s: Settings) -> list[float]:
     torch.manual_seed(s.seed)
     cfg = TrainSettings()
     policy = Policy(desc.observation_space, desc.action_space, PolicySettings())
-    optimizer = make_optimizer(policy, cfg.learning_rate)
+    optimizer = PolicyAdam(policy, cfg.learning_rate)
     lt = learner_throughput.Settings(fragment_length=s.fragment_length,
                                      envs_per_worker=s.envs_per_worker)
     rng = np.random.default_rng(s.seed)

@@ -108,13 +108,14 @@ def _time_updates(settings: PlanSettings, train, seconds: float) -> float:
     import numpy as np
     import torch
 
-    from hetrl.learner.ppo import Batch, make_optimizer, ppo_update
+    from hetrl.learner.optimizer import PolicyAdam
+    from hetrl.learner.ppo import Batch, ppo_update
     from hetrl.rollout.envs import describe_env
     from hetrl.rollout.policy import Policy, action_dtype
 
     d = describe_env(settings)
     policy = Policy(d.observation_space, d.action_space, settings)
-    optimizer = make_optimizer(policy, train.learning_rate)
+    optimizer = PolicyAdam(policy, train.learning_rate)
     t_len = settings.fragment_length
     # The batch two workers get (auto: more workers, bigger batches).
     n = settings.envs_per_worker * train.batch_fragments(2)

@@ -38,7 +38,8 @@ from hetrl.learner.connections import (
 )
 from hetrl.learner.evaluation import PeriodicEval
 from hetrl.learner.metrics import MetricsWriter, RunBooks, StallWatch
-from hetrl.learner.ppo import make_optimizer, ppo_update_async, read_stats
+from hetrl.learner.optimizer import PolicyAdam
+from hetrl.learner.ppo import ppo_update_async, read_stats
 from hetrl.learner.publisher import Publisher, weights_message
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.learner.utilisation import UtilisationSampler
@@ -79,7 +80,7 @@ class Learner:
         description = describe_env(settings)
         obs_space, act_space = description.observation_space, description.action_space
         self.policy = Policy(obs_space, act_space, settings).to(self.device)
-        self.optimizer = make_optimizer(self.policy, settings.learning_rate)
+        self.optimizer = PolicyAdam(self.policy, settings.learning_rate)
         self.version = 0
         self._updating = 0  # 1 while an update runs: the batch being built trains after it
         self.out = Path(settings.out or default_run_dir(settings.env, settings.seed))

@@ -16,6 +16,7 @@ import tyro
 from hetrl.launch.hyperparameters import from_hyperparameters
 from hetrl.learner.batcher import Batcher
 from hetrl.learner.connections import StreamFailure
+from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.ppo import Batch, ppo_update
 from hetrl.learner.publisher import Publisher
 from hetrl.learner.settings import LearnerSettings, TrainSettings, auto_fragments_per_batch
@@ -356,7 +357,7 @@ def test_the_update_never_syncs_with_the_host_on_cuda() -> None:
     device = torch.device("cuda")
     obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     policy = Policy(obs_space, gym.spaces.Discrete(2), PolicySettings()).to(device)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3, fused=True)
+    optimizer = PolicyAdam(policy, 1e-3)  # the learner's: flat, fused on CUDA
     t, n = 8, 6
     batch = Batch(observations=torch.randn(t + 1, n, 4, device=device),
                   actions=torch.randint(0, 2, (t, n), device=device),
