@@ -8,7 +8,8 @@ message pushed to workers (`wire.encode_named(policy_arrays(...))`). Samples/s =
 env steps in the batch / seconds of that step; each sample is visited `epochs` times,
 so gradient samples/s is `epochs` times higher. Models: the default MLP (64, 64) on
 Humanoid-v5 and CartPole-v1 observations and `bench.nets:SmallCNN` on (4, 84, 84) uint8
-Pong frames, each with 1 torch thread (hetrl's default) and with every core.
+Pong frames, each with 1 torch thread (hetrl's default) and with every core;
+`--preset continuous --models "mlp / HalfCheetah-v5"` times a MuJoCo run's update.
 Run: `python -m bench.learner_throughput [--quick]`.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -24,6 +26,7 @@ import torch
 import tyro
 
 from bench import common
+from hetrl.launch.presets import apply_preset
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.ppo import Batch, ppo_update
 from hetrl.learner.settings import TrainSettings
@@ -36,6 +39,8 @@ from hetrl.rollout.settings import PolicySettings
 MODELS = {
     "mlp / Humanoid-v5": (gym.spaces.Box(-np.inf, np.inf, (348,), np.float64),
                           gym.spaces.Box(-0.4, 0.4, (17,), np.float32), ""),
+    "mlp / HalfCheetah-v5": (gym.spaces.Box(-np.inf, np.inf, (17,), np.float64),
+                             gym.spaces.Box(-1.0, 1.0, (6,), np.float32), ""),
     "mlp / CartPole-v1": (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
                           gym.spaces.Discrete(2), ""),
     "cnn / Pong 4x84x84 u8": (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8),
@@ -47,8 +52,11 @@ MODELS = {
 class Settings:
     """Learner throughput: samples/s of hetrl's PPO/V-trace update on CPU."""
 
-    models: tuple[str, ...] = tuple(MODELS)
-    """Which of the built-in model/observation pairs to run."""
+    models: tuple[str, ...] = ("mlp / Humanoid-v5", "mlp / CartPole-v1", "cnn / Pong 4x84x84 u8")
+    """Which of the built-in model/observation pairs to run (also: mlp / HalfCheetah-v5)."""
+    preset: Literal["none", "classic", "continuous", "atari"] = "none"
+    """Update settings of this preset instead of the shipped defaults (`continuous`: what
+    a MuJoCo run trains with, 4 fragments = 2,048 steps, 10 epochs x 32 minibatches)."""
     repeats: int = 5
     """Timed learner steps per configuration (after one warm-up step)."""
     threads: tuple[int, ...] = (1, 0)
@@ -103,11 +111,15 @@ def learner_step(policy, optimizer, frags, cfg: TrainSettings) -> dict[str, floa
             "steps": float(batch.rewards.numel())}
 
 
+def update_settings(s: Settings) -> TrainSettings:
+    return apply_preset(TrainSettings(preset=s.preset), explicit=())[0]
+
+
 def measure(name: str, threads: int, s: Settings) -> dict:
     obs_space, act_space, net = MODELS[name]
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
     torch.manual_seed(s.seed)
-    cfg = TrainSettings()
+    cfg = update_settings(s)
     policy = Policy(obs_space, act_space, PolicySettings(policy=net))
     optimizer = PolicyAdam(policy, cfg.learning_rate)
     rng = np.random.default_rng(s.seed)
@@ -140,11 +152,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for threads in s.threads:
             print(f"measuring {name}, {threads or 'all'} thread(s) ...", flush=True)
             results.append(measure(name, threads, s))
+    cfg = update_settings(s)
     common.print_table(
         f"Learner throughput on CPU: env samples/s of one learner step "
-        f"(batch {TrainSettings().batch_fragments(2)} x {s.fragment_length} x "
-        f"{s.envs_per_worker}, {TrainSettings().epochs} epochs x "
-        f"{TrainSettings().minibatches} minibatches; median [min-max] of {s.repeats})",
+        f"(preset {s.preset}: batch {cfg.batch_fragments(2)} x {s.fragment_length} x "
+        f"{s.envs_per_worker}, {cfg.epochs} epochs x "
+        f"{cfg.minibatches} minibatches; median [min-max] of {s.repeats})",
         ["model", "threads", "samples/s (whole step)", "update only", "gradient samples/s",
          "step ms", "to_batch ms", "weights ms"],
         [[r["model"], r["torch_threads"], common.fmt(r["samples_per_s"]),
