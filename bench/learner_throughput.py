@@ -115,11 +115,10 @@ def update_settings(s: Settings) -> TrainSettings:
     return apply_preset(TrainSettings(preset=s.preset), explicit=())[0]
 
 
-def measure(name: str, threads: int, s: Settings) -> dict:
+def measure(name: str, threads: int, s: Settings, cfg: TrainSettings) -> dict:
     obs_space, act_space, net = MODELS[name]
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
     torch.manual_seed(s.seed)
-    cfg = update_settings(s)
     policy = Policy(obs_space, act_space, PolicySettings(policy=net))
     optimizer = PolicyAdam(policy, cfg.learning_rate)
     rng = np.random.default_rng(s.seed)
@@ -147,12 +146,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     s = tyro.cli(Settings, args=argv, description=__doc__)
     if s.quick:
         s = dataclasses.replace(s, repeats=1, threads=(1,))
+    cfg = update_settings(s)
     results = []
     for name in s.models:
         for threads in s.threads:
             print(f"measuring {name}, {threads or 'all'} thread(s) ...", flush=True)
-            results.append(measure(name, threads, s))
-    cfg = update_settings(s)
+            results.append(measure(name, threads, s, cfg))
     common.print_table(
         f"Learner throughput on CPU: env samples/s of one learner step "
         f"(preset {s.preset}: batch {cfg.batch_fragments(2)} x {s.fragment_length} x "

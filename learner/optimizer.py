@@ -20,8 +20,8 @@ from torch import nn
 
 
 class FlatParameters:
-    """One flat leaf (`flat`, what the optimizer steps) whose storage every trainable
-    parameter of `module` is a view of; `flat.grad` likewise holds every gradient.
+    """One flat leaf (`buffer`, what the optimizer steps) whose storage every trainable
+    parameter of `module` is a view of; `buffer.grad` likewise holds every gradient.
 
     Build it after the module is on its final device: `module.to(...)` afterwards
     replaces the parameters and ends the sharing, which `check` then reports.
@@ -49,8 +49,8 @@ class FlatParameters:
             p.data = data[offset : offset + n].view_as(p)
             p.grad = grad[offset : offset + n].view_as(p)
             offset += n
-        self.flat = nn.Parameter(data)
-        self.flat.grad = grad
+        self.buffer = nn.Parameter(data)
+        self.buffer.grad = grad
 
     def check(self) -> None:
         """Raise if a parameter or gradient no longer lives in the flat buffers.
@@ -60,9 +60,9 @@ class FlatParameters:
                 gradients set to None (`module.zero_grad()`) after this was built;
                 training would silently stop updating it.
         """
-        assert self.flat.grad is not None
-        data, grad = self.flat.data_ptr(), self.flat.grad.data_ptr()
-        size, offset = self.flat.element_size(), 0
+        assert self.buffer.grad is not None
+        data, grad = self.buffer.data_ptr(), self.buffer.grad.data_ptr()
+        size, offset = self.buffer.element_size(), 0
         for p in self.params:
             if (p.data_ptr() != data + offset * size or p.grad is None
                     or p.grad.data_ptr() != grad + offset * size):
@@ -92,7 +92,7 @@ class PolicyAdam(torch.optim.Adam):
     def __init__(self, policy: nn.Module, learning_rate: float) -> None:
         try:
             self.flat: FlatParameters | None = FlatParameters(policy)
-            params = [self.flat.flat]
+            params = [self.flat.buffer]
         except ValueError:
             self.flat = None
             params = [p for p in policy.parameters() if p.requires_grad]
@@ -104,8 +104,8 @@ class PolicyAdam(torch.optim.Adam):
         if self.flat is None:
             super().zero_grad(set_to_none)
         else:
-            assert self.flat.flat.grad is not None
-            self.flat.flat.grad.zero_()
+            assert self.flat.buffer.grad is not None
+            self.flat.buffer.grad.zero_()
 
     def check(self) -> None:
         """See `FlatParameters.check` (nothing to check when not flat)."""

@@ -52,7 +52,7 @@ def test_flat_adam_steps_as_textbook_adam_and_keeps_the_parameter_names() -> Non
     assert any(not torch.equal(a, b) for a, b in zip(policy.parameters(), start.parameters(),
                                                      strict=True)), "nothing trained"
     assert list(policy.state_dict()) == names
-    flat = optimizer.flat.flat
+    flat = optimizer.flat.buffer
     for p in policy.parameters():  # still views of the one buffer, data and gradient
         assert flat.data_ptr() <= p.data_ptr() < flat.data_ptr() + flat.nbytes
         assert p.grad is not None and p.grad.untyped_storage().data_ptr() == \
