@@ -1,6 +1,8 @@
 #!/bin/bash
 # The device check of issue 9 (a learner that keeps the GPU busy), for the GPU machine.
-# Prepare here: `bash ../shared/device/prepare.sh` (wheels into .whl/), then send .whl/
+# Prepare here: `bash ../shared/device/prepare.sh` (wheels into .whl/) and `python3 -m pip
+# download -q --no-deps -d .whl threadpoolctl==3.8.0` (a dependency since the numpy MLP
+# update; shared/device/wheels.txt predates it), then send .whl/
 # along and run on the GPU machine, from the project root:
 #   set -o pipefail; bash bench/gpu_check.sh 2>&1 | tee $OUT/log
 # Every result is one JSON line in $OUT/results.jsonl (at most 8 files come back).

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hetrl.learner.mlp_ppo import MLPMinibatchSteps
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.settings import TrainSettings
 from hetrl.learner.vtrace import vtrace
@@ -125,11 +126,30 @@ def ppo_update_async(
     b_values = values[:-1].reshape(-1)[keep]
     mb_size = max(1, size // cfg.minibatches)
 
+    if isinstance(optimizer, PolicyAdam):
+        optimizer.check()  # its flat buffer still holds the policy's parameters
+    steps = MLPMinibatchSteps.for_policy(policy, optimizer, cfg)
+    if steps is not None:  # the built-in MLP on CPU: the same maths without autograd
+        stats = steps.train(b_obs, b_actions, b_logprobs, b_advantages, b_returns, mb_size)
+    else:
+        stats = _autograd_minibatches(policy, optimizer, cfg, b_obs, b_actions, b_logprobs,
+                                      b_advantages, b_returns, mb_size, once)
+    stats["losses/explained_variance"] = _explained_variance(b_values, b_returns)
+    stats["charts/samples_trained"] = float(size)
+    return stats
+
+
+def _autograd_minibatches(
+    policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings,
+    b_obs: torch.Tensor, b_actions: torch.Tensor, b_logprobs: torch.Tensor,
+    b_advantages: torch.Tensor, b_returns: torch.Tensor, mb_size: int, preprocessed: bool,
+) -> dict[str, torch.Tensor | float]:
+    """cfg.epochs passes of minibatch steps through autograd; the statistics as
+    `ppo_update_async` reports them."""
+    size = b_obs.shape[0]
     # Statistics stay on the device: the last minibatch's losses and the clip fraction
     # summed over all minibatches. Per minibatch, only what the step needs is computed.
     clipfrac_sum = torch.zeros((), device=b_obs.device)
-    if isinstance(optimizer, PolicyAdam):
-        optimizer.check()  # its flat buffer still holds the policy's parameters
     # What the optimizer steps (PolicyAdam: one flat tensor), not walked per minibatch.
     params = [p for group in optimizer.param_groups for p in group["params"]]
     minibatch_count = 0
@@ -137,7 +157,7 @@ def ppo_update_async(
         b_inds = torch.randperm(size, device=b_obs.device)
         for start in range(0, size, mb_size):
             mb_inds = b_inds[start : start + mb_size]
-            dist, new_value = policy(b_obs[mb_inds], preprocessed=once)
+            dist, new_value = policy(b_obs[mb_inds], preprocessed=preprocessed)
             new_logp = dist.log_prob(b_actions[mb_inds])
             logratio = new_logp - b_logprobs[mb_inds]
             ratio = logratio.exp()
@@ -173,6 +193,4 @@ def ppo_update_async(
                 "losses/approx_kl": ((ratio - 1) - logratio).mean(),
             }
     stats["losses/clipfrac"] = clipfrac_sum / max(minibatch_count, 1)
-    stats["losses/explained_variance"] = _explained_variance(b_values, b_returns)
-    stats["charts/samples_trained"] = float(size)
     return stats

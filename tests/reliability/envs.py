@@ -78,9 +78,17 @@ class NaNOnce(Counting):
 
 class HangsOnce(Counting):
     """Hangs forever at its 50th step unless the file HETRL_TEST_HANG_FLAG exists; it
-    writes the file (with the time) first, so only the first worker process hangs."""
+    writes the file (with the time) first, so only the first worker process hangs.
+
+    Every step takes 3 ms, so a run outlasts the watchdog however fast the learner
+    gets: with 2 workers x 2 envs, 12,000 steps take over 8 s after a hang at the start
+    (3 s of --step-timeout and a restart), where unpaced they once took 3.7 s in all
+    and the run ended before the watchdog fired."""
+
+    step_seconds = 0.003
 
     def fault(self) -> None:
+        time.sleep(self.step_seconds)
         if self.total_steps != 50:
             return
         try:  # O_EXCL: exactly one env of one worker process claims the hang
