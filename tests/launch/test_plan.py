@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from hetrl.launch import run_local
-from hetrl.launch.plan import PlanSettings, measure_core_rate, plan_rows, run_plan
+from hetrl.launch.plan import (
+    PlanSettings,
+    learner_train_settings,
+    measure_core_rate,
+    plan_rows,
+    run_plan,
+)
 
 
 def test_rows_follow_the_arithmetic() -> None:
@@ -50,3 +56,11 @@ def test_per_core_figure_matches_a_real_run(tmp_path: Path) -> None:
     # on a quiet machine they agree within 10%, beside other loads within ~35%; a wrong
     # quantity (no inference, all cores, env steps without the policy) is off 2x or more.
     assert abs(planned - measured) / measured < 0.5
+
+
+def test_the_learner_is_timed_with_the_update_the_env_s_preset_trains_with() -> None:
+    continuous = learner_train_settings(PlanSettings(env="Pendulum-v1"))
+    assert (continuous.epochs, continuous.minibatches, continuous.credits_per_worker) == (10, 32, 1)
+    assert continuous.batch_fragments(2) == 4  # PPO's 2,048-step batch with 8 x 64 fragments
+    classic = learner_train_settings(PlanSettings(env="CartPole-v1"))
+    assert (classic.epochs, classic.minibatches) == (4, 4)
