@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     # The committed record (bench/results/summary*.json are kept in git).
     script = {"path": str(s.cleanrl_script),
               "sha256": hashlib.sha256(s.cleanrl_script.read_bytes()).hexdigest()}
-    common.write_json(f"summary_versus_cleanrl-{s.env}", s,  # one record per env
+    common.write_json(f"summary_versus_cleanrl-{s.env}-{s.total_steps}", s,  # per env and length
                       {"cleanrl_script": script, "runs": runs, "summary": summary})
     return summary
 
