@@ -89,17 +89,15 @@ def learner_rate_from_run(path: Path) -> float:
     return float(summary["global_step"]) / train
 
 
-def learner_train_settings(settings: PlanSettings):
-    """The PPO settings a run of this env trains with: its preset's (continuous: 10 x 32
-    minibatches per 2,048 steps, several times the shipped defaults' 4 x 4 update)."""
-    from hetrl.launch.presets import PRESETS, preset_for
+def learner_train_settings(description):
+    """The PPO settings a run of this env (`describe_env`'s description) trains with:
+    its preset's (continuous: 10 x 32 minibatches per 2,048 steps, several times the
+    shipped defaults' 4 x 4 update)."""
+    from hetrl.launch.presets import apply_preset, preset_for
     from hetrl.learner.settings import TrainSettings
-    from hetrl.rollout.envs import describe_env
 
-    d = describe_env(settings)
-    name, _ = preset_for(d.observation_space, d.action_space)
-    fields = {f.name for f in dataclasses.fields(TrainSettings)}
-    return TrainSettings(**{k: v for k, v in PRESETS[name].items() if k in fields})
+    name, _ = preset_for(description.observation_space, description.action_space)
+    return apply_preset(TrainSettings(preset=name), explicit=())[0]
 
 
 def measure_learner_rate(settings: PlanSettings, seconds: float = 3.0) -> float:
@@ -107,25 +105,26 @@ def measure_learner_rate(settings: PlanSettings, seconds: float = 3.0) -> float:
     the env's preset."""
     import torch
 
-    train = learner_train_settings(settings)
+    from hetrl.rollout.envs import describe_env
+
+    d = describe_env(settings)
+    train = learner_train_settings(d)
     threads = torch.get_num_threads()
     torch.set_num_threads(train.learner_torch_threads)  # as the learner process runs
     try:
-        return _time_updates(settings, train, seconds)
+        return _time_updates(settings, d, train, seconds)
     finally:
         torch.set_num_threads(threads)
 
 
-def _time_updates(settings: PlanSettings, train, seconds: float) -> float:
+def _time_updates(settings: PlanSettings, d, train, seconds: float) -> float:
     import numpy as np
     import torch
 
     from hetrl.learner.optimizer import PolicyAdam
     from hetrl.learner.ppo import Batch, ppo_update
-    from hetrl.rollout.envs import describe_env
     from hetrl.rollout.policy import Policy, action_dtype
 
-    d = describe_env(settings)
     policy = Policy(d.observation_space, d.action_space, settings)
     optimizer = PolicyAdam(policy, train.learning_rate)
     t_len = settings.fragment_length

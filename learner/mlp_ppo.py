@@ -104,7 +104,7 @@ class MLPMinibatchSteps:
 
     def __init__(self, policy: Policy, optimizer: PolicyAdam, cfg: TrainSettings,
                  actor: list[nn.Linear], critic: list[nn.Linear], relu: bool) -> None:
-        self.policy, self.optimizer, self.cfg, self.relu = policy, optimizer, cfg, relu
+        self.optimizer, self.cfg, self.relu = optimizer, cfg, relu
         self.actor = [_views(layer) for layer in actor]
         self.critic = [_views(layer) for layer in critic]
         if policy.discrete:
@@ -188,7 +188,7 @@ class MLPMinibatchSteps:
             log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
             probs = np.exp(log_probs)
             rows = np.arange(n)
-            index = actions.astype(np.int64)
+            index = actions.astype(np.int64, copy=False)  # int64 already from the batch
             logp = log_probs[rows, index]
             entropy = -(log_probs * probs).sum(-1)
         else:  # diagonal Gaussian

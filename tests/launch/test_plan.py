@@ -14,6 +14,7 @@ from hetrl.launch.plan import (
     plan_rows,
     run_plan,
 )
+from hetrl.rollout.envs import describe_env
 
 
 def test_rows_follow_the_arithmetic() -> None:
@@ -59,8 +60,8 @@ def test_per_core_figure_matches_a_real_run(tmp_path: Path) -> None:
 
 
 def test_the_learner_is_timed_with_the_update_the_env_s_preset_trains_with() -> None:
-    continuous = learner_train_settings(PlanSettings(env="Pendulum-v1"))
+    continuous = learner_train_settings(describe_env(PlanSettings(env="Pendulum-v1")))
     assert (continuous.epochs, continuous.minibatches, continuous.credits_per_worker) == (10, 32, 1)
     assert continuous.batch_fragments(2) == 4  # PPO's 2,048-step batch with 8 x 64 fragments
-    classic = learner_train_settings(PlanSettings(env="CartPole-v1"))
+    classic = learner_train_settings(describe_env(PlanSettings(env="CartPole-v1")))
     assert (classic.epochs, classic.minibatches) == (4, 4)

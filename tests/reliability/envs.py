@@ -87,8 +87,11 @@ class HangsOnce(Counting):
 
     step_seconds = 0.003
 
-    def fault(self) -> None:
+    def step(self, action):
         time.sleep(self.step_seconds)
+        return super().step(action)
+
+    def fault(self) -> None:
         if self.total_steps != 50:
             return
         try:  # O_EXCL: exactly one env of one worker process claims the hang
