@@ -146,8 +146,7 @@ class Window:
 def stream_spec(settings):
     """The StreamSpec a learner would build for these settings' env."""
     from hetrl.learner.connections import StreamSpec
-    from hetrl.rollout.envs import describe_env
-    from hetrl.rollout.policy import action_dtype
+    from hetrl.rollout.envs import action_dtype, describe_env
 
     desc = describe_env(settings)
     obs, act = desc.observation_space, desc.action_space

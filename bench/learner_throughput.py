@@ -32,8 +32,9 @@ from hetrl.learner.ppo import Batch, ppo_update
 from hetrl.learner.settings import TrainSettings
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
+from hetrl.rollout.envs import action_dtype
 from hetrl.rollout.fragments import STEP_FIELDS
-from hetrl.rollout.policy import Policy, action_dtype, policy_arrays
+from hetrl.rollout.policy import Policy, policy_arrays
 from hetrl.rollout.settings import PolicySettings
 
 MODELS = {

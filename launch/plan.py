@@ -123,7 +123,8 @@ def _time_updates(settings: PlanSettings, d, train, seconds: float) -> float:
 
     from hetrl.learner.optimizer import PolicyAdam
     from hetrl.learner.ppo import Batch, ppo_update
-    from hetrl.rollout.policy import Policy, action_dtype
+    from hetrl.rollout.envs import action_dtype
+    from hetrl.rollout.policy import Policy
 
     policy = Policy(d.observation_space, d.action_space, settings)
     optimizer = PolicyAdam(policy, train.learning_rate)
@@ -184,7 +185,10 @@ def plan_rows(core_rate: float, learner_rate: float, settings: PlanSettings) -> 
 
 def run_plan(settings: PlanSettings) -> str:
     """Measure, compute and format the plan."""
+    from hetrl.launch.placement import measure_placement
+
     core_rate = measure_core_rate(settings)
+    placement = measure_placement(settings, seconds=min(1.0, settings.measure_seconds))
     if settings.learner_samples_per_second > 0:
         learner_rate, source = settings.learner_samples_per_second, "given"
     elif settings.from_run:
@@ -222,4 +226,12 @@ def run_plan(settings: PlanSettings) -> str:
     else:
         lines.append(f"even {settings.max_env_hosts} env hosts do not saturate the learner: "
                      "the env is the bottleneck; raise --max-env-hosts or pick bigger hosts.")
+    lines += ["", *placement.lines()]
+    if placement.choice() == "central":
+        central_rows = plan_rows(placement.central_env_host_rate(), learner_rate, settings)
+        cheapest = min(central_rows, key=lambda r: r.cost_per_million)
+        lines.append(f"with --inference central: {cheapest.env_steps_per_second:,.0f} env "
+                     f"steps/s at ${cheapest.cost_per_million:.4f} per million steps with "
+                     f"{cheapest.env_hosts} env host(s) (the table above is worker inference; "
+                     f"${best.cost_per_million:.4f} there)")
     return "\n".join(lines)

@@ -70,9 +70,12 @@ class Supervisor:
         """Start the process of worker `index`: the one place a worker is started."""
         name = f"{self.name}-{index}"
         settings = self.settings_for(index, port, ready_file)
+        # Central inference: the worker only steps envs (and imports no torch).
+        module = ("hetrl.rollout.env_server" if settings.inference == "central"
+                  else "hetrl.rollout.worker")
         if self.echo_host is None:
-            return spawn(name, "hetrl.rollout.worker", settings, self.run_dir, self.env)
-        return spawn(name, "hetrl.rollout.worker", settings, self.run_dir, self.env,
+            return spawn(name, module, settings, self.run_dir, self.env)
+        return spawn(name, module, settings, self.run_dir, self.env,
                      echo=sys.__stdout__, echo_prefix=f"[{self.echo_host} {name}] ")
 
     def start(self, ports: Sequence[int]) -> None:

@@ -108,8 +108,14 @@ class Batcher:
         return_credit: Callable[[CreditSink, int], None] | None = None,
         stall: StallWatch | None = None,
         on_lost: Callable[[StreamFailure], None] | None = None,
+        one_per_stream: bool = False,
     ) -> None:
         self.fan_in, self.streams, self.device = fan_in, streams, device
+        # Central inference: at most one fragment per stream in a batch. A second one is
+        # set aside, its credit kept, and opens the next batch; so no update happens
+        # without every worker's fragment, and none spans two updates (lag 0 or 1).
+        self._one_per_stream = one_per_stream
+        self._set_aside: list[tuple[CreditSink, int, ReceivedFragment]] = []
         self._stall, self._on_lost = stall, on_lost
         self._return_credit = return_credit or (lambda stream, gen: stream.return_credit(gen))
         # Credits of fragments taken while an update runs are held back until it ends,
@@ -235,13 +241,17 @@ class Batcher:
         returns: list[np.ndarray] = []
         lengths: list[np.ndarray] = []
         column = 0
+        # One fragment per stream (central inference), unless more are asked for than
+        # there are streams (a batch of --fragments-per-batch 4 from 2 workers).
+        in_batch: set[int] | None = (set() if self._one_per_stream
+                                     and target <= len(self.streams) else None)
         while len(infos) < target:
             if self._budget_spent():
                 if not infos:
                     return None
                 break  # train what is here; no more steps are wanted
             start = time.perf_counter()
-            fragment = self._next_fragment()
+            fragment = self._next_fragment(in_batch)
             waited += time.perf_counter() - start
             if fragment is None:
                 return None
@@ -301,15 +311,22 @@ class Batcher:
         index = None if count == valid.size else torch.from_numpy(np.flatnonzero(valid))
         return Batch(**tensors, valid_index=index, valid_count=count)
 
-    def _next_fragment(self) -> ReceivedFragment | Literal[False] | None:
+    def _next_fragment(self, in_batch: set[int] | None
+                       ) -> ReceivedFragment | Literal[False] | None:
         """One fragment to train on; False if the one taken was dropped (or a failure was
-        handled), None if stopped.
+        handled), None if stopped. `in_batch`: ids of the streams already in this batch
+        (kept up to date here), whose further fragments are set aside; None: take any.
 
         Raises:
             ProtocolError: a stream failed for a reason retrying cannot fix.
             WorkerLostError: every stream has ended.
         """
         while not self._stop.is_set():
+            ready = [i for i, (stream, _, _) in enumerate(self._set_aside)
+                     if in_batch is None or id(stream) not in in_batch]
+            if ready:
+                item = self._set_aside.pop(ready[0])
+                return self._take_fragment(*item, in_batch)
             try:
                 item = self.fan_in.get(timeout=0.5)
             except queue.Empty:
@@ -325,20 +342,30 @@ class Batcher:
             stream, generation, fragment = item
             if self._stall is not None:
                 self._stall.fragment()
-            self._credit(stream, generation)  # the worker may start its next fragment
-            self.global_step += fragment.steps
-            returns = fragment.arrays.episode_returns
-            self.recent_returns.extend(returns.tolist())
-            self.episodes += len(returns)
-            lag = self._train_version() - fragment.policy_version
-            self.lag_histogram[lag] += 1
-            if lag > self._max_policy_lag:
-                self.dropped_lag += 1
-                log.warning("dropped a fragment %d updates old (--max-policy-lag %d)",
-                            lag, self._max_policy_lag)
-                return False
-            return fragment
+            if in_batch is not None and id(stream) in in_batch:
+                self._set_aside.append(item)  # its credit stays out until it is taken
+                continue
+            return self._take_fragment(stream, generation, fragment, in_batch)
         return None
+
+    def _take_fragment(self, stream: CreditSink, generation: int, fragment: ReceivedFragment,
+                       in_batch: set[int] | None) -> ReceivedFragment | Literal[False]:
+        """Count a fragment into the batch being built (or drop it for lag)."""
+        self._credit(stream, generation)  # the worker may start its next fragment
+        self.global_step += fragment.steps
+        returns = fragment.arrays.episode_returns
+        self.recent_returns.extend(returns.tolist())
+        self.episodes += len(returns)
+        lag = self._train_version() - fragment.policy_version
+        self.lag_histogram[lag] += 1
+        if lag > self._max_policy_lag:
+            self.dropped_lag += 1
+            log.warning("dropped a fragment %d updates old (--max-policy-lag %d)",
+                        lag, self._max_policy_lag)
+            return False
+        if in_batch is not None:
+            in_batch.add(id(stream))
+        return fragment
 
     def _on_stream_failure(self, failure: StreamFailure) -> None:
         if isinstance(failure.error, ProtocolError):

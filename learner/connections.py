@@ -29,6 +29,7 @@ from typing import Protocol
 import grpc
 import numpy as np
 
+from hetrl.learner.central import ActionChooser, CentralAssembler, CentralShapes
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout import fragments
 from hetrl.rollout.errors import ProtocolError, WireFormatError
@@ -48,7 +49,7 @@ _FATAL_CODES = {
 # Counters every WorkerStream keeps; `stream_counters` sums them for the run summary.
 COUNTERS = ("fragments_received", "fragments_malformed", "fragments_duplicate",
             "fragments_nonfinite", "sequence_gaps", "reconnects", "env_faults",
-            "episodes_aborted")
+            "episodes_aborted", "env_steps_malformed", "env_steps_lost")
 
 
 def fan_in_bound(streams: int, credits: int) -> int:
@@ -97,12 +98,14 @@ class StreamFailure:
 
 
 class _Outbox:
-    """Coalescing request queue: newest weights, summed credits, stop."""
+    """Request queue: newest weights and summed credits (coalesced), central inference's
+    actions (in order, at most one per env group), stop."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.weights: hetrl_pb2.Weights | None = None
         self.credits = 0
+        self.actions: list[hetrl_pb2.Actions] = []
         self.stop: str | None = None
         self.closed = False
 
@@ -112,12 +115,16 @@ class _Outbox:
             with self.cond:
                 self.cond.wait_for(
                     lambda: self.closed or self.stop is not None or self.weights or self.credits
+                    or self.actions
                 )
                 if self.closed:
                     return
                 weights, self.weights = self.weights, None
                 credits, self.credits = self.credits, 0
+                actions, self.actions = self.actions, []
                 stop = self.stop
+            for message in actions:
+                yield hetrl_pb2.LearnerMessage(actions=message)
             if weights is not None:
                 yield hetrl_pb2.LearnerMessage(weights=weights)
             if credits:
@@ -133,6 +140,11 @@ class _Outbox:
             self.credits += credits
             if stop is not None:
                 self.stop = stop
+            self.cond.notify_all()
+
+    def put_actions(self, actions: hetrl_pb2.Actions) -> None:
+        with self.cond:
+            self.actions.append(actions)
             self.cond.notify_all()
 
     def close(self) -> None:
@@ -155,8 +167,12 @@ class WorkerStream:
         connect_timeout: float,
         options: TransportOptions = DEFAULT_OPTIONS,
         nonfinite: str = "drop",
+        inference: ActionChooser | None = None,
     ) -> None:
         self.address, self.spec, self.fan_in = address, spec, fan_in
+        # Central inference: the learner chooses the actions and builds the fragments.
+        self.inference = inference
+        self._assembler: CentralAssembler | None = None
         self._metadata = auth_metadata(token)
         self._weights = weights
         self._credits = credits
@@ -175,7 +191,10 @@ class WorkerStream:
         self.reconnects = 0
         self.env_faults = 0
         self.episodes_aborted = 0
+        self.env_steps_malformed = 0
+        self.env_steps_lost = 0
         self.incarnations: list[str] = []
+        self._next_sequence: dict[str, int] = {}  # central: per incarnation
         self.generation = 0
         # Credits this stream's worker holds: fragments it may be sampling or sending
         # that have not arrived. A worker lost for good takes these with it.
@@ -198,7 +217,11 @@ class WorkerStream:
         if generation == self.generation:
             with self._in_flight_lock:
                 self.in_flight += 1
-            self._outbox.put(credits=1)
+            assembler = self._assembler
+            if self.inference is None:
+                self._outbox.put(credits=1)
+            elif assembler is not None:
+                assembler.grant()
 
     def stop(self, reason: str, timeout: float = 10.0) -> bool:
         """Tell the worker to stop and wait (bounded) for its stream to end; a stream
@@ -289,7 +312,8 @@ class WorkerStream:
         self._outbox = _Outbox()
         with self._in_flight_lock:
             self.in_flight = self._credits
-        self._outbox.put(weights=self._weights, credits=self._credits)
+        if self.inference is None:
+            self._outbox.put(weights=self._weights, credits=self._credits)
         responses = stub.Stream(self._outbox.messages(), metadata=self._metadata)
         first = next(responses)
         if first.WhichOneof("kind") != "hello":
@@ -303,7 +327,11 @@ class WorkerStream:
         if first.hello.incarnation not in self.incarnations:
             self.incarnations.append(first.hello.incarnation)
         self.state = StreamState.STREAMING
-        log.info("streaming from worker %d at %s", first.hello.worker_id, self.address)
+        log.info("streaming from worker %d at %s (inference %s)", first.hello.worker_id,
+                 self.address, self.hello.inference or "worker")
+        if self.inference is not None:
+            self._stream_central(responses, generation)
+            return
         for message in responses:
             if message.WhichOneof("kind") != "fragment":
                 raise ProtocolError(f"worker {self.address} sent {message.WhichOneof('kind')}")
@@ -317,25 +345,75 @@ class WorkerStream:
                 log.error("malformed fragment from %s dropped: %s", self.address, exc)
                 self.return_credit(generation)
                 continue
-            if not self._note_sequence(fragment):
-                self.return_credit(generation)
-                continue
-            self.fragments_received += 1
-            self.env_faults += fragment.arrays.env_faults
-            self.episodes_aborted += fragment.arrays.episodes_aborted
-            bad = fragments.nonfinite_fields(fragment.arrays)
-            if bad:
-                self.fragments_nonfinite += 1
-                if self._nonfinite == "fail":
-                    raise ProtocolError(f"worker {self.address} sent NaN/Inf in {bad} "
-                                        "(--nonfinite fail)")
-                log.error("fragment %d from %s holds NaN/Inf in %s; dropped",
-                          fragment.sequence, self.address, bad)
-                self.return_credit(generation)
-                continue
-            self._put((self, generation, fragment))
+            self._accept(fragment, generation)
         if not self._stopping.is_set():
             raise ConnectionError(f"worker {self.address} ended its stream unasked")
+
+    def _stream_central(self, responses, generation: int) -> None:
+        """Central inference: env steps in, actions out, fragments built here. A stream
+        that breaks, or sends a malformed step, loses its unfinished fragments (counted);
+        the worker resets its envs on the next stream, so nothing spans two streams."""
+        assert self.hello is not None and self.inference is not None
+        spec = self.spec
+        shapes = CentralShapes(spec.obs_shape, spec.obs_dtype, spec.action_shape,
+                               spec.action_dtype)
+        outbox = self._outbox
+        assembler = CentralAssembler(self.hello, shapes, self._credits, self.inference,
+                                     send=outbox.put_actions)
+        self._assembler = assembler
+        incarnation = self.hello.incarnation
+        try:
+            for message in responses:
+                if message.WhichOneof("kind") != "env_step":
+                    raise ProtocolError(
+                        f"worker {self.address} sent {message.WhichOneof('kind')} on a "
+                        "central-inference stream")
+                try:
+                    completed = assembler.on_env_step(message.env_step)
+                except WireFormatError as exc:
+                    self.env_steps_malformed += 1
+                    log.error("malformed env step from %s: %s; reconnecting (the worker "
+                              "resets its envs)", self.address, exc)
+                    raise ConnectionError(f"malformed env step: {exc}") from exc
+                for arrays, version, waited in completed:
+                    with self._in_flight_lock:
+                        self.in_flight -= 1
+                    sequence = self._next_sequence.get(incarnation, 0)
+                    self._next_sequence[incarnation] = sequence + 1
+                    self._accept(fragments.ReceivedFragment(
+                        self.hello.worker_id, incarnation, sequence, version, arrays,
+                        waited), generation)
+            if not self._stopping.is_set():
+                raise ConnectionError(f"worker {self.address} ended its stream unasked")
+        finally:
+            self._assembler = None
+            outbox.close()
+            lost = assembler.close()
+            self.env_steps_lost += lost
+            if lost and not self._stopping.is_set():
+                log.warning("stream of worker %s ended with %d env steps of unfinished "
+                            "fragments; dropped", self.address, lost)
+            responses.cancel()
+
+    def _accept(self, fragment: fragments.ReceivedFragment, generation: int) -> None:
+        """The checks every fragment passes, however it was built, then the fan-in."""
+        if not self._note_sequence(fragment):
+            self.return_credit(generation)
+            return
+        self.fragments_received += 1
+        self.env_faults += fragment.arrays.env_faults
+        self.episodes_aborted += fragment.arrays.episodes_aborted
+        bad = fragments.nonfinite_fields(fragment.arrays)
+        if bad:
+            self.fragments_nonfinite += 1
+            if self._nonfinite == "fail":
+                raise ProtocolError(f"worker {self.address} sent NaN/Inf in {bad} "
+                                    "(--nonfinite fail)")
+            log.error("fragment %d from %s holds NaN/Inf in %s; dropped",
+                      fragment.sequence, self.address, bad)
+            self.return_credit(generation)
+            return
+        self._put((self, generation, fragment))
 
     def _put(self, item) -> None:
         """Put on the bounded fan-in queue, waiting while it is full (back-pressure),
@@ -382,3 +460,8 @@ class WorkerStream:
                 f"worker {self.address} simulates {theirs}, the learner expects {mine}: "
                 "start workers and learner with the same --env and --env-import"
             )
+        wanted = "worker" if self.inference is None else "central"
+        if (hello.inference or "worker") != wanted:
+            raise ProtocolError(
+                f"worker {self.address} runs --inference {hello.inference or 'worker'}, the "
+                f"learner --inference {wanted}: give workers and learner the same one")

@@ -16,6 +16,7 @@ the summary, and returns an exit code. It never spawns processes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import signal
@@ -37,18 +38,19 @@ from hetrl.learner.connections import (
     fan_in_bound,
 )
 from hetrl.learner.evaluation import PeriodicEval
+from hetrl.learner.inference import InferenceServer, check_inference_alive
 from hetrl.learner.metrics import MetricsWriter, RunBooks, StallWatch
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.ppo import ppo_update_async, read_stats
 from hetrl.learner.publisher import Publisher, weights_message
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.learner.utilisation import UtilisationSampler
-from hetrl.rollout.envs import describe_env
+from hetrl.rollout.envs import action_dtype, describe_env
 from hetrl.rollout.errors import HetrlError, NonFiniteError, OutputError
 from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
 from hetrl.rollout.lifetime import start_child
-from hetrl.rollout.policy import Policy, action_dtype, policy_arrays
+from hetrl.rollout.policy import Policy, policy_arrays
 from hetrl.rollout.settings import from_json, to_json
 from hetrl.rollout.transport import token_from_env, transport_options
 
@@ -73,6 +75,13 @@ class Learner:
     (metrics, totals, summary, verdict) are a RunBooks."""
 
     def __init__(self, settings: LearnerSettings, token: str) -> None:
+        if settings.inference == "central" and settings.credits_per_worker != 1:
+            # Every action comes from the newest weights, and one fragment in flight per
+            # worker makes policy lag 0 or 1 by construction (see learner/central.py).
+            log.info("central inference: 1 credit per worker (--credits-per-worker %d is for "
+                     "worker inference), so policy lag is 0 or 1",
+                     settings.credits_per_worker)
+            settings = dataclasses.replace(settings, credits_per_worker=1)
         self.settings = settings
         torch.set_num_threads(settings.learner_torch_threads)
         torch.manual_seed(settings.seed)
@@ -82,10 +91,13 @@ class Learner:
         self.policy = Policy(obs_space, act_space, settings).to(self.device)
         self.optimizer = PolicyAdam(self.policy, settings.learning_rate)
         self.version = 0
-        self._updating = 0  # 1 while an update runs: the batch being built trains after it
         self.out = Path(settings.out or default_run_dir(settings.env, settings.seed))
         self.checkpoint_dir = Path(settings.checkpoint_dir or self.out / "checkpoints")
         resumed = self._resume() if settings.resume else None
+        # The version the batch being built will train at: the next one while an update
+        # runs. One attribute, written whole, so the batcher never reads it half-changed
+        # (version + an "updating" flag read in between once counted lag 1 as 2).
+        self._next_train_version = self.version
         self.spec = StreamSpec(
             env=settings.env,
             observation_space=str(obs_space),
@@ -102,24 +114,31 @@ class Learner:
         # The last weights known to be finite: what a non-finite update is rolled back to.
         self._good_state = self._snapshot()
         weights = weights_message(self.version, self._good_state)
+        self.inference = (InferenceServer(obs_space, act_space, settings, self.device,
+                                          self._good_state, self.version)
+                          if settings.inference == "central" else None)
         self.streams = [
             WorkerStream(address, token, self.spec, self.fan_in, weights,
                          settings.credits_per_worker, settings.connect_timeout,
-                         options=transport_options(settings), nonfinite=settings.nonfinite)
+                         options=transport_options(settings), nonfinite=settings.nonfinite,
+                         inference=self.inference)
             for address in settings.worker_addresses
         ]
-        self.publisher = Publisher(self.streams, self.device)
+        self.publisher = Publisher(self.streams, self.device, inference=self.inference)
         stall = StallWatch(STALL_SECONDS)
         self.batcher = Batcher(
             self.fan_in, self.streams, self.device, target=self.fragments_per_batch,
-            train_version=lambda: self.version + self._updating,
+            train_version=lambda: self._next_train_version,
             max_policy_lag=settings.max_policy_lag,
             budget_spent=lambda: self.global_step >= settings.total_steps,
             return_credit=self.publisher.return_credit,
             stall=stall, on_lost=lambda failure: self.books.worker_lost(failure),
+            one_per_stream=self.inference is not None,
         )
         self.books = RunBooks(settings, self.out, self.streams, self.batcher, stall,
                               UtilisationSampler(self.device))
+        if self.inference is not None:
+            self.books.summary_extras = self.inference.stats
         if resumed is not None:
             path, step, totals = resumed
             self.batcher.global_step = step
@@ -144,7 +163,11 @@ class Learner:
     def fragments_per_batch(self) -> int:
         """--fragments-per-batch, or (auto) what keeps the policy lag near
         --target-policy-lag with the workers connected now (at least one counted, so a
-        batch always has a size)."""
+        batch always has a size). Central inference, auto: one fragment from every worker
+        not lost for good (connecting ones included), which with one credit each and one
+        fragment per worker per batch makes policy lag 0 or 1."""
+        if self.inference is not None and self.settings.fragments_per_batch == "auto":
+            return max(1, sum(s.state is not StreamState.CLOSED for s in self.streams))
         connected = sum(s.state is StreamState.STREAMING for s in self.streams)
         return self.settings.batch_fragments(connected)
 
@@ -191,6 +214,8 @@ class Learner:
         self.out.mkdir(parents=True, exist_ok=True)
         write_atomic(self.out / "settings.json", to_json(s).encode())
         metrics = self.books.open()
+        if self.inference is not None:
+            self.inference.start()
         for stream in self.streams:
             stream.start()
         self.batcher.start()
@@ -219,6 +244,8 @@ class Learner:
                 Path(s.finishing_file).touch()
             self.batcher.stop()
             self.publisher.close()
+            if self.inference is not None:
+                self.inference.close()
             # The model and checkpoint first: no worker, hung or slow, can delay them.
             failed = self._save_outputs(periodic=False)
             not_stopped = self._stop_workers(outcome)
@@ -258,6 +285,7 @@ class Learner:
         wait_start = time.perf_counter()
         ready = None
         while ready is None and self._stop_reason is None:
+            check_inference_alive(self.inference)
             ready = self.batcher.next(timeout=0.5)
             if ready is None and self.batcher.spent:
                 break
@@ -270,7 +298,7 @@ class Learner:
         if s.anneal_lr:
             frac = max(0.0, 1.0 - self.global_step / s.total_steps)
             self.optimizer.param_groups[0]["lr"] = frac * s.learning_rate
-        self._updating = 1
+        self._next_train_version = self.version + 1
         self.batcher.begin_update()
         finite = False
         try:
@@ -285,7 +313,7 @@ class Learner:
                 self._good_state = self._snapshot()
                 self.publisher.offer(self.version, self._good_state)
         finally:
-            self._updating = 0
+            self._next_train_version = self.version
             # Credits held back during the update go out after its weights.
             for stream, generation in self.batcher.end_update():
                 self.publisher.return_credit(stream, generation)

@@ -234,6 +234,8 @@ class RunBooks:
         self.metrics: MetricsWriter | None = None
         # Extra metrics from whoever runs the learner (e.g. env hosts' CPU in a cluster).
         self.extra_metrics: Callable[[], dict[str, float]] | None = None
+        self.summary_extras: Callable[[], dict[str, float]] | None = None
+        """More summary fields from the learner (central inference's passes and rows)."""
         self.wait_seconds = 0.0  # the learner waiting for a batch, summed
         self.train_seconds = 0.0  # the learner updating, summed
         self.batch_wait_seconds = 0.0  # the wait for the latest batch
@@ -405,6 +407,7 @@ class RunBooks:
         summary = {
             "outcome": outcome,
             "env": self.settings.env,
+            "inference": self.settings.inference,
             "global_step": books.global_step,
             "policy_version": version,
             "wall_seconds": round(self.metrics.wall_seconds, 2),
@@ -428,6 +431,8 @@ class RunBooks:
             "fragments_lost_in_flight": sum(w["fragments_in_flight"]
                                             for w in self.workers_lost),
         }
+        if self.summary_extras is not None:
+            summary.update(self.summary_extras())
         hosts = {address.rsplit(":", 1)[0] for address in workers}
         verdict = judge(self.wait_seconds, self.train_seconds, self.worker_collect_seconds,
                         self.worker_wait_seconds, len(self.streams), len(hosts),

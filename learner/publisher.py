@@ -7,7 +7,10 @@ thread ("weights-publisher") takes the newest offered snapshot, copies it to the
 CUDA: on its own stream, after an event, so the copy overlaps the next update), encodes it
 once as a Weights message and hands it to every stream, whose outbox keeps only the newest.
 Older snapshots not yet published are skipped: workers always get the newest weights,
-never a backlog. It never trains and never decides which weights are good.
+never a backlog. Under central inference no worker takes weights: the snapshot is loaded
+into the inference thread's copy of the policy instead (learner/inference.py), and the
+credits held meanwhile still go out only after it. It never trains and never decides
+which weights are good.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 import torch
 
 from hetrl.learner.connections import CreditSink
+from hetrl.learner.inference import InferenceServer
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
 
@@ -36,8 +40,10 @@ class Publisher:
     """The weights-publisher thread: newest snapshot -> one message -> every stream."""
 
     def __init__(self, streams: Sequence, device: torch.device,
-                 on_published: Callable[[hetrl_pb2.Weights], None] | None = None) -> None:
+                 on_published: Callable[[hetrl_pb2.Weights], None] | None = None,
+                 inference: InferenceServer | None = None) -> None:
         self.streams, self.device = streams, device
+        self.inference = inference
         self._on_published = on_published
         self._cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device) if self._cuda else None
@@ -95,12 +101,15 @@ class Publisher:
                 (version, state, event), self._pending = self._pending, None
                 self._publishing = True
             try:
-                message = self._encode(version, state, event)
-                for stream in self.streams:
-                    stream.push_weights(message)
+                if self.inference is not None:
+                    self.inference.load(version, state, event)
+                else:
+                    message = self._encode(version, state, event)
+                    for stream in self.streams:
+                        stream.push_weights(message)
+                    if self._on_published is not None:
+                        self._on_published(message)
                 self.published_version = version
-                if self._on_published is not None:
-                    self._on_published(message)
             except Exception:  # a bug; workers keep their last weights, training goes on
                 log.exception("publishing weights version %d failed", version)
             with self._cond:

@@ -25,7 +25,7 @@ class NamedArray(_message.Message):
     def __init__(self, name: _Optional[str] = ..., array: _Optional[_Union[NDArray, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "incarnation", "num_envs", "fragment_length", "env", "observation_space", "action_space")
+    __slots__ = ("worker_id", "incarnation", "num_envs", "fragment_length", "env", "observation_space", "action_space", "inference", "env_groups", "normalize_rewards", "reward_norm_gamma", "reward_clip")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,11 @@ class Hello(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_FIELD_NUMBER: _ClassVar[int]
+    ENV_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_REWARDS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_NORM_GAMMA_FIELD_NUMBER: _ClassVar[int]
+    REWARD_CLIP_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     incarnation: str
     num_envs: int
@@ -40,7 +45,12 @@ class Hello(_message.Message):
     env: str
     observation_space: str
     action_space: str
-    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., num_envs: _Optional[int] = ..., fragment_length: _Optional[int] = ..., env: _Optional[str] = ..., observation_space: _Optional[str] = ..., action_space: _Optional[str] = ...) -> None: ...
+    inference: str
+    env_groups: int
+    normalize_rewards: bool
+    reward_norm_gamma: float
+    reward_clip: float
+    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., num_envs: _Optional[int] = ..., fragment_length: _Optional[int] = ..., env: _Optional[str] = ..., observation_space: _Optional[str] = ..., action_space: _Optional[str] = ..., inference: _Optional[str] = ..., env_groups: _Optional[int] = ..., normalize_rewards: _Optional[bool] = ..., reward_norm_gamma: _Optional[float] = ..., reward_clip: _Optional[float] = ...) -> None: ...
 
 class Fragment(_message.Message):
     __slots__ = ("worker_id", "incarnation", "sequence", "policy_version", "observations", "actions", "rewards", "terminated", "truncated", "logprobs", "valid", "episode_returns", "episode_lengths", "collect_seconds", "wait_seconds", "env_faults", "episodes_aborted")
@@ -80,13 +90,35 @@ class Fragment(_message.Message):
     episodes_aborted: int
     def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., logprobs: _Optional[_Union[NDArray, _Mapping]] = ..., valid: _Optional[_Union[NDArray, _Mapping]] = ..., episode_returns: _Optional[_Union[NDArray, _Mapping]] = ..., episode_lengths: _Optional[_Union[NDArray, _Mapping]] = ..., collect_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., env_faults: _Optional[int] = ..., episodes_aborted: _Optional[int] = ...) -> None: ...
 
+class EnvStep(_message.Message):
+    __slots__ = ("group", "step", "observations", "rewards", "terminated", "truncated", "faulted", "step_seconds")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    FAULTED_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    step: int
+    observations: NDArray
+    rewards: NDArray
+    terminated: NDArray
+    truncated: NDArray
+    faulted: NDArray
+    step_seconds: float
+    def __init__(self, group: _Optional[int] = ..., step: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., faulted: _Optional[_Union[NDArray, _Mapping]] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "fragment")
+    __slots__ = ("hello", "fragment", "env_step")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     FRAGMENT_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEP_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     fragment: Fragment
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., fragment: _Optional[_Union[Fragment, _Mapping]] = ...) -> None: ...
+    env_step: EnvStep
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., fragment: _Optional[_Union[Fragment, _Mapping]] = ..., env_step: _Optional[_Union[EnvStep, _Mapping]] = ...) -> None: ...
 
 class Weights(_message.Message):
     __slots__ = ("version", "arrays")
@@ -108,15 +140,27 @@ class Stop(_message.Message):
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
+class Actions(_message.Message):
+    __slots__ = ("group", "step", "actions")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    step: int
+    actions: NDArray
+    def __init__(self, group: _Optional[int] = ..., step: _Optional[int] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ...) -> None: ...
+
 class LearnerMessage(_message.Message):
-    __slots__ = ("weights", "credits", "stop")
+    __slots__ = ("weights", "credits", "stop", "actions")
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     CREDITS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
     weights: Weights
     credits: Credits
     stop: Stop
-    def __init__(self, weights: _Optional[_Union[Weights, _Mapping]] = ..., credits: _Optional[_Union[Credits, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ...) -> None: ...
+    actions: Actions
+    def __init__(self, weights: _Optional[_Union[Weights, _Mapping]] = ..., credits: _Optional[_Union[Credits, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., actions: _Optional[_Union[Actions, _Mapping]] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ()

@@ -45,8 +45,10 @@ class RolloutServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Stream(self, request_iterator, context):
-        """The learner opens one stream per worker. The worker answers with Hello,
-        then sends a Fragment for every credit it holds, using the newest weights.
+        """The learner opens one stream per worker. The worker answers with Hello, then
+        (inference "worker") sends a Fragment for every credit it holds, using the newest
+        weights, or (inference "central") an EnvStep per group and step, each answered
+        with Actions; credits and weights then stay on the learner.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

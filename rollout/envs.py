@@ -44,6 +44,11 @@ class EnvDescription:
     action_space: gym.spaces.Space
 
 
+
+def action_dtype(action_space: gym.Space) -> np.dtype:
+    """The dtype actions are sampled, trained and sent in: int64 for Discrete, else float32."""
+    return np.dtype(np.int64) if isinstance(action_space, gym.spaces.Discrete) else np.dtype("<f4")
+
 def import_user_module(name: str, flag: str, error: type[Exception] = EnvError) -> ModuleType:
     """Import a user's module the way `python -m` would find it: installed packages first,
     then the current directory (hetrl's children get it last on their path).

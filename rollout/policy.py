@@ -164,10 +164,6 @@ class Policy(nn.Module):
         return self._low + (clipped + 1.0) * 0.5 * (self._high - self._low)
 
 
-def action_dtype(action_space: gym.Space) -> np.dtype:
-    return np.dtype(np.int64) if isinstance(action_space, gym.spaces.Discrete) else np.dtype("<f4")
-
-
 def policy_arrays(policy: nn.Module) -> dict[str, np.ndarray]:
     """The state dict as named numpy arrays (CPU copies), ready for the wire or safetensors."""
     return {k: v.detach().cpu().numpy().copy() for k, v in policy.state_dict().items()}

@@ -61,8 +61,17 @@ class PolicySettings:
     normalize_observations: bool = True
     """Normalize float observations with running mean/std kept in the policy's buffers
     (uint8 observations are scaled to [0, 1] instead)."""
+    inference: Literal["worker", "central"] = "worker"
+    """Where actions are chosen: worker (each worker runs a CPU copy of the policy and
+    sends whole fragments; weights go out after every update) or central (workers only
+    step their envs, in two groups taking turns, and send observations; the learner runs
+    one batched forward pass for all of them on its device, answers with actions and
+    builds the fragments itself; no weights travel). `hetrl plan` says which is faster
+    for your env and policy."""
 
     def __post_init__(self) -> None:
+        require(self.inference in ("worker", "central"),
+                f"--inference must be worker or central, got {self.inference!r}")
         self.hidden_sizes = tuple(self.hidden_sizes)
         require(
             all(h > 0 for h in self.hidden_sizes),

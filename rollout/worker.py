@@ -1,9 +1,9 @@
-"""The rollout worker process: a gRPC server that streams fragments to one learner.
+"""The rollout worker process (worker inference): a gRPC server that streams fragments
+to one learner.
 
-Lifecycle: IDLE (listening, envs reset) -> STREAMING (a learner holds the one stream)
--> IDLE again if the stream ends, or STOPPED when the learner sends Stop, a signal
-arrives, or no learner has been seen for `learner_timeout` seconds (the dead-man's
-switch, so a worker never outlives its learner). A worker samples only with weights
+Its lifecycle (one stream at a time, stop, the dead-man's switch, health) is
+rollout/serving.py's; the env-host side of central inference is rollout/env_server.py.
+A worker samples only with weights
 from the learner and only while it holds a credit, so it is never more than its
 credits ahead. A fragment being sent when a stream breaks is lost and counted.
 
@@ -12,69 +12,44 @@ collector); an env that keeps failing ends the worker with EXIT_UNHEALTHY and th
 traceback in the log; an env call that runs past `step_timeout` trips the watchdog,
 which exits with EXIT_HUNG so the supervisor restarts the worker. Malformed or
 non-finite weights from the learner are refused (INVALID_ARGUMENT / dropped) and
-counted; the worker stays up. A gRPC health service reports SERVING until it stops.
+counted; the worker stays up.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import faulthandler
-import json
 import logging
 import math
-import os
-import signal
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
 import torch
-from google.protobuf.message import DecodeError
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
+from hetrl.protos import hetrl_pb2
 from hetrl.rollout import fragments, wire
 from hetrl.rollout.collector import Collector
 from hetrl.rollout.envs import make_vector_env
-from hetrl.rollout.errors import (
-    ConfigError,
-    EnvUnhealthyError,
-    HetrlError,
-    NonFiniteError,
-    WireFormatError,
-)
-from hetrl.rollout.exits import EXIT_FAILED, EXIT_HUNG, EXIT_NO_LEARNER, EXIT_OK, EXIT_UNHEALTHY
-from hetrl.rollout.lifetime import start_child
+from hetrl.rollout.errors import ConfigError, EnvUnhealthyError, NonFiniteError, WireFormatError
+from hetrl.rollout.exits import EXIT_FAILED, EXIT_UNHEALTHY
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.rewards import RewardNormalizer
-from hetrl.rollout.settings import WorkerSettings, from_json
-from hetrl.rollout.transport import (
-    MAX_MESSAGE_BYTES,
-    create_server,
-    token_from_env,
-    transport_options,
+from hetrl.rollout.serving import (  # noqa: F401 (SERVICE_NAME, WorkerState: re-exported)
+    SERVICE_NAME,
+    StreamServer,
+    WorkerState,
+    add_to_server,
+    read_requests,
+    run_main,
+    serve_until_stopped,
+    worker_seed,
 )
+from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.transport import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("hetrl.worker")
-
-SERVICE_NAME = "hetrl.Rollout"
-
-
-class WorkerState(enum.Enum):
-    IDLE = "idle"
-    STREAMING = "streaming"
-    STOPPED = "stopped"
-
-
-def worker_seed(seed: int, worker_id: int) -> int:
-    """Distinct, reproducible seeds per worker (envs and sampling)."""
-    return seed * 10_007 + worker_id * 101
 
 
 class _Inbox:
@@ -100,11 +75,11 @@ class _Inbox:
             )
 
 
-class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
+class RolloutWorker(StreamServer):
     """Owns the vector env, the CPU policy and the collector; serves one stream at a time."""
 
     def __init__(self, settings: WorkerSettings) -> None:
-        self.settings = settings
+        super().__init__(settings)
         torch.set_num_threads(settings.worker_torch_threads)
         seed = worker_seed(settings.seed, settings.worker_id)
         torch.manual_seed(seed)
@@ -130,51 +105,22 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
             env=settings.env,
             observation_space=str(obs_space),
             action_space=str(act_space),
+            inference="worker",
         )
-        self.state = WorkerState.IDLE
-        self.stop_reason = ""
-        self.failure: str | None = None
-        self.unhealthy = False
-        self.messages_malformed = 0
         self.weights_nonfinite = 0
-        self.health = health.HealthServicer()
-        self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        self.stopped = threading.Event()
         self.version = -1
         self.sequence = 0
         self.fragments_sent = 0
         self.fragments_lost = 0
-        self.last_learner_seen = time.monotonic()
-        self._stream_lock = threading.Lock()
 
     def _make_envs(self):
         s = self.settings
         return make_vector_env(s, s.envs_per_worker, s.vector_mode)
 
-    def _set_health(self, status) -> None:
-        for service in ("", SERVICE_NAME):
-            self.health.set(service, status)
+    def busy_since(self) -> float | None:
+        return self.collector.busy_since
 
     # -- gRPC ------------------------------------------------------------------
-    def Stream(self, request_iterator, context) -> Iterator[bytes]:
-        if self.stopped.is_set():
-            context.abort(grpc.StatusCode.UNAVAILABLE, "worker is stopping")
-        if not self._stream_lock.acquire(blocking=False):
-            context.abort(grpc.StatusCode.ALREADY_EXISTS, "a learner is already connected")
-        self.state = WorkerState.STREAMING
-        log.info("learner connected from %s", context.peer())
-        try:
-            yield from self._serve(request_iterator, context)
-        finally:
-            if not self.stopped.is_set():
-                log.warning("the learner's stream ended without a Stop (the learner is gone, "
-                            "restarting or reconnecting); waiting up to %.0f s "
-                            "(--learner-timeout) for a learner", self.settings.learner_timeout)
-            self.last_learner_seen = time.monotonic()
-            if not self.stopped.is_set():
-                self.state = WorkerState.IDLE
-            self._stream_lock.release()
-
     def _serve(self, requests, context) -> Iterator[bytes]:
         inbox = _Inbox()
         reader = threading.Thread(
@@ -263,57 +209,24 @@ class RolloutWorker(hetrl_pb2_grpc.RolloutServicer):
         self.version = weights.version
         return True
 
-    # -- lifecycle ---------------------------------------------------------------
-    def _stop(self, reason: str) -> None:
-        if not self.stopped.is_set():
-            self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-            self.stop_reason = reason
-            self.state = WorkerState.STOPPED
-            self.stopped.set()
-
-    def request_stop(self, reason: str) -> None:
-        """Ask the worker to stop (thread- and signal-safe)."""
-        self._stop(reason)
-
-    def learner_gone_for(self) -> float:
-        """Seconds since a learner last held the stream (0 while one does)."""
-        if self.state is WorkerState.STREAMING:
-            return 0.0
-        return time.monotonic() - self.last_learner_seen
-
     def close(self) -> None:
         self.envs.close()
 
 
 def _read_requests(requests, inbox: _Inbox) -> None:
-    """Parse and drain the learner's messages into the inbox until the stream ends.
+    """Drain the learner's messages into the inbox until the stream ends."""
 
-    Requests arrive as bytes (see add_to_server) so that one that does not parse is
-    answered INVALID_ARGUMENT by the serving loop, not INTERNAL by gRPC."""
-    try:
-        for raw in requests:
-            try:
-                message = hetrl_pb2.LearnerMessage.FromString(raw)
-            except DecodeError as exc:
-                with inbox.cond:
-                    inbox.malformed = str(exc) or "undecodable bytes"
-                    inbox.cond.notify_all()
-                return
-            kind = message.WhichOneof("kind")
-            with inbox.cond:
-                if kind == "weights":
-                    inbox.weights = message.weights
-                elif kind == "credits":
-                    inbox.credits += message.credits.count
-                elif kind == "stop":
-                    inbox.stop_reason = message.stop.reason or "stop"
-                inbox.cond.notify_all()
-    except grpc.RpcError:
-        pass  # the stream ended; the serving loop sees `closed`
-    finally:
-        with inbox.cond:
-            inbox.closed = True
-            inbox.cond.notify_all()
+    def take(message: hetrl_pb2.LearnerMessage) -> str | None:
+        kind = message.WhichOneof("kind")
+        if kind == "weights":
+            inbox.weights = message.weights
+        elif kind == "credits":
+            inbox.credits += message.credits.count
+        elif kind == "stop":
+            inbox.stop_reason = message.stop.reason or "stop"
+        return None
+
+    read_requests(requests, inbox, take)
 
 
 def receive_limit(policy: Policy) -> int:
@@ -340,78 +253,10 @@ def _check_fragment_size(settings: WorkerSettings, obs_space, act_space) -> None
         )
 
 
-def _watchdog(worker: RolloutWorker, step_timeout: float) -> None:
-    """Exit with EXIT_HUNG when one env call runs longer than step_timeout. A hung env
-    cannot be interrupted from Python; only a fresh process recovers, so the worker
-    dumps every thread's stack to its log and leaves the restart to its supervisor."""
-    while not worker.stopped.wait(min(1.0, step_timeout / 4)):
-        since = worker.collector.busy_since
-        if since is not None and time.monotonic() - since > step_timeout:
-            log.error("an env step has not returned for %.1f s (--step-timeout %.1f): the env "
-                      "is hung; exiting with code %d so the supervisor restarts this worker",
-                      time.monotonic() - since, step_timeout, EXIT_HUNG)
-            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-            sys.stderr.flush()
-            os._exit(EXIT_HUNG)
-
-
-def add_to_server(worker: RolloutWorker, server: grpc.Server) -> None:
-    """Serve `worker` as hetrl.Rollout. Unlike the generated registration, responses go
-    out as the bytes the worker serialized itself (fragments.serialize), not re-encoded,
-    and requests come in as bytes that the worker parses itself."""
-    handler = grpc.stream_stream_rpc_method_handler(
-        worker.Stream,
-        request_deserializer=None,  # parsed by _read_requests, which refuses bad bytes
-        response_serializer=None,  # the handler yields serialized WorkerMessages
-    )
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("hetrl.Rollout", {"Stream": handler}),)
-    )
-
-
-def _write_ready_file(path: str, address: str) -> None:
-    target = Path(path)
-    tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
-    tmp.replace(target)
-
-
 def run_worker(settings: WorkerSettings) -> int:
     """Serve until stopped; return the process exit code."""
-    token = token_from_env()
     worker = RolloutWorker(settings)
-    options = dataclasses.replace(transport_options(settings),
-                                  max_receive_bytes=receive_limit(worker.policy))
-    server, port = create_server(f"{settings.host}:{settings.port}", token, options=options)
-    add_to_server(worker, server)
-    health_pb2_grpc.add_HealthServicer_to_server(worker.health, server)
-    server.start()
-    address = f"{settings.host}:{port}"
-    log.info("worker %d serving %s on %s", settings.worker_id, settings.env, address)
-    if settings.ready_file:
-        _write_ready_file(settings.ready_file, address)
-
-    def on_signal(signum, _frame):
-        worker.request_stop(f"signal {signal.Signals(signum).name}")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    threading.Thread(target=_watchdog, args=(worker, settings.step_timeout),
-                     name="step-watchdog", daemon=True).start()
-    code = EXIT_OK
-    try:
-        while not worker.stopped.wait(0.5):
-            gone = worker.learner_gone_for()
-            if gone > settings.learner_timeout:
-                log.error(
-                    "no learner for %.0f s (--learner-timeout %.0f); exiting so the job stops",
-                    gone, settings.learner_timeout,
-                )
-                code = EXIT_NO_LEARNER
-                break
-    finally:
-        server.stop(grace=2.0).wait(5.0)
-        worker.close()
+    code = serve_until_stopped(worker, receive_limit(worker.policy))
     if worker.failure is not None:
         code = EXIT_UNHEALTHY if worker.unhealthy else EXIT_FAILED
     log.info(
@@ -426,15 +271,7 @@ def run_worker(settings: WorkerSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m hetrl.rollout.worker SETTINGS_JSON`: the launcher's way to start a worker."""
-    settings_file = start_child(argv)
-    try:
-        return run_worker(from_json(WorkerSettings, settings_file.read_text()))
-    except (EnvUnhealthyError, NonFiniteError) as exc:  # already failing at the first reset
-        log.error("%s", exc)
-        return EXIT_UNHEALTHY
-    except HetrlError as exc:
-        log.error("%s", exc)
-        return EXIT_FAILED
+    return run_main(argv, run_worker)
 
 
 if __name__ == "__main__":

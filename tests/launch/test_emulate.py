@@ -122,3 +122,20 @@ def test_an_emulated_job_evaluates_on_its_learner_host(tmp_path: Path) -> None:
     assert all(e["episodes"] == 2 for e in evals)
     assert "evaluation return at the end (deterministic)" in (
         model / "report" / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_an_emulated_job_runs_central_inference(tmp_path: Path) -> None:
+    """--inference central reaches every host as a job hyperparameter: env hosts run env
+    servers (no policy), the learner host chooses the actions and trains."""
+    out = tmp_path / "c"
+    proc = hetrl("emulate", "--env-hosts", "1", "--env", "CartPole-v1", "--total-steps",
+                 "20000", "--envs-per-worker", "8", "--fragment-length", "32",
+                 "--inference", "central", "--out", str(out))
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    assert "env steps sent over" in output  # an env server's last line, on the env host
+    summary = json.loads((out / "hosts" / "algo-2" / "model" / "summary.json").read_text())
+    assert summary["inference"] == "central" and summary["global_step"] >= 20_000
+    assert set(summary["policy_lag_histogram"]) <= {"0", "1"}, summary
+    assert summary["env_steps_malformed"] == 0

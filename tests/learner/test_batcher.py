@@ -394,3 +394,32 @@ def test_a_resumed_learner_counts_on_from_its_checkpoint(serve_worker, tmp_path)
     second = run(15 * 8, resume=True)
     assert second["resumed_from"] and second["global_step"] >= 15 * 8
     assert second["policy_version"] > first["policy_version"]
+
+
+def test_central_batches_take_one_fragment_per_worker_and_hold_the_rest_back() -> None:
+    """Central inference: a second fragment of a worker already in the batch waits, credit
+    kept, for the next batch, so no update happens without every worker's fragment."""
+    fan_in: queue.Queue = queue.Queue()
+    fast, slow = FakeStream(), FakeStream()
+    batcher = Batcher(fan_in, [fast, slow], torch.device("cpu"), target=lambda: 2,
+                      train_version=lambda: 0, max_policy_lag=10,
+                      budget_spent=lambda: False, one_per_stream=True)
+    batcher.start()
+    try:
+        fan_in.put((fast, 1, fragment(0, 1)))
+        fan_in.put((fast, 1, fragment(0, 2)))
+        wait_for(lambda: fan_in.empty(), 10, "both taken")
+        assert batcher.next(timeout=0.5) is None  # no batch without the slow worker
+        assert fast.credits == 1  # the set-aside fragment's credit stays out
+        fan_in.put((slow, 1, fragment(0, 3)))
+        first = batcher.next(timeout=10)
+        assert first is not None
+        assert [float(r) for r in first.episode_returns] == [1.0, 3.0]
+        batcher.release(first)
+        fan_in.put((slow, 1, fragment(0, 4)))
+        second = batcher.next(timeout=10)
+        assert second is not None
+        assert [float(r) for r in second.episode_returns] == [2.0, 4.0]
+        assert fast.credits == 2 and slow.credits == 2
+    finally:
+        batcher.stop()

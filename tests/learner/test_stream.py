@@ -13,8 +13,9 @@ import pytest
 from hetrl.learner.connections import StreamFailure, StreamSpec, WorkerStream
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout import wire
+from hetrl.rollout.envs import action_dtype
 from hetrl.rollout.errors import ProtocolError
-from hetrl.rollout.policy import Policy, action_dtype, policy_arrays
+from hetrl.rollout.policy import Policy, policy_arrays
 from hetrl.rollout.settings import WorkerSettings
 from hetrl.rollout.transport import auth_metadata, create_channel, create_server
 from hetrl.rollout.worker import RolloutWorker, add_to_server
