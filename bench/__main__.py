@@ -24,7 +24,9 @@ import tyro
 from bench import common
 
 BENCHES = ("learner_throughput", "transport", "overhead", "pipelining", "scaling", "solve",
-           "learner_scale")
+           "learner_scale", "inference")
+# Benchmarks whose record is kept in git write it under this name instead of their own.
+RESULT_NAMES = {"inference": "summary_inference"}
 
 
 @dataclasses.dataclass
@@ -58,6 +60,11 @@ def _headline(name: str, results: dict) -> dict:
                 "learner_busy", "gpu_busy_percent", "policy_lag_mean", "dropped_lag")
         return {f"{row['model']} x{row['workers']} {row['device']}": {k: row[k] for k in keys}
                 for row in r["runs"]}
+    if name == "inference":
+        return {row["env"]: {"worker": row["worker_env_steps_per_second"]["median"],
+                             "central": row["central_env_steps_per_second"]["median"],
+                             "winner": row["measured_winner"], "planner": row["planner_choice"]}
+                for row in r["results"]}
     if isinstance(r, dict) and "summary" in r:
         return r["summary"]
     return {}
@@ -76,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             code = subprocess.call([sys.executable, "-m", f"bench.{name}",
                                     *(["--quick"] if s.quick else [])], cwd=common.ROOT)
             status[name] = {"exit_code": code, "seconds": round(time.perf_counter() - start, 1)}
-        path = common.RESULTS / f"{common.stem(name, s)}.json"
+        path = common.RESULTS / f"{common.stem(RESULT_NAMES.get(name, name), s)}.json"
         if code == 0 and path.exists():
             summary[name] = _headline(name, json.loads(path.read_text()))
     # Only summary*.json is kept in git; a smoke run's summary is not.

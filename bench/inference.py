@@ -97,7 +97,7 @@ def main(s: Settings) -> dict:
     agree = all(r["measured_winner"] == r["planner_choice"] for r in records)
     print(f"planner agrees with the measured winner: {'yes' if agree else 'NO'}")
     result = {"results": records, "planner_agrees": agree}
-    common.write_json("inference", s, result)
+    common.write_json("summary_inference", s, result)  # kept in git
     return result
 
 
