@@ -112,6 +112,18 @@ def _plan(settings: PlanSettings) -> int:
     return 0
 
 
+def _worker(settings: WorkerSettings) -> int:
+    """A worker process: it runs the policy (worker inference) or only the envs (central;
+    that one imports no torch)."""
+    if settings.inference == "central":
+        from hetrl.rollout.env_server import run_env_server
+
+        return run_env_server(settings)
+    from hetrl.rollout.worker import run_worker
+
+    return run_worker(settings)
+
+
 def _launch(settings: ClusterSettings) -> int:  # dispatched in main(), see there
     raise AssertionError("hetrl launch is dispatched by launch.host.main")
 
@@ -127,7 +139,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "report": (ReportSettings, _report),
     "enjoy": (EnjoySettings, _enjoy),
     "plan": (PlanSettings, _plan),
-    "worker": (WorkerSettings, Deferred("hetrl.rollout.worker:run_worker")),
+    "worker": (WorkerSettings, _worker),
     "learner": (LearnerSettings, Deferred("hetrl.learner.learner:run_learner")),
 }
 

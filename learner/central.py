@@ -79,6 +79,9 @@ class CentralAssembler:
     def __init__(self, hello: hetrl_pb2.Hello, shapes: CentralShapes, credits: int,
                  inference: ActionChooser,
                  send: Callable[[hetrl_pb2.Actions], None]) -> None:
+        if hello.num_envs < 1 or hello.fragment_length < 1:
+            raise ProtocolError(f"worker {hello.worker_id} announced {hello.num_envs} envs "
+                                f"and fragments of {hello.fragment_length} steps")
         sizes = group_sizes(hello.num_envs)
         if hello.env_groups != len(sizes):
             raise ProtocolError(f"worker {hello.worker_id} announced {hello.env_groups} env "

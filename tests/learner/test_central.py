@@ -373,3 +373,32 @@ def test_inference_batches_the_requests_that_wait() -> None:
         assert answered.acquire(timeout=10)
     assert inference.passes <= 2 and inference.rows == 12
     inference.close()
+
+
+def test_hetrl_worker_with_central_inference_serves_env_steps(tmp_path) -> None:
+    """`hetrl worker --inference central` (an env host run by hand) is an env server."""
+    import json
+    import signal
+
+    from tests.helpers import hetrl
+
+    ready = tmp_path / "ready.json"
+    proc = hetrl("worker", "--env", "CartPole-v1", "--inference", "central",
+                 "--envs-per-worker", "4", "--ready-file", str(ready),
+                 env={"HETRL_TOKEN": TOKEN})
+    try:
+        wait_for(ready.exists, 60, "the env server to listen")
+        address = json.loads(ready.read_text())["address"]
+        requests: queue.Queue = queue.Queue()
+        responses = _raw_stream(address, iter(requests.get, None))
+        hello = next(responses).hello
+        assert (hello.inference, hello.env_groups, hello.num_envs) == ("central", 2, 4)
+        assert next(responses).env_step.observations.shape == [2, 4]
+        requests.put(hetrl_pb2.LearnerMessage(stop=hetrl_pb2.Stop(reason="test over")))
+        output, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, output
+        assert "env server 0 stopped (learner: test over)" in output
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
