@@ -6,9 +6,11 @@
 # along and run on the GPU machine, from the project root:
 #   set -o pipefail; bash bench/gpu_check.sh 2>&1 | tee $OUT/log
 # Every result is one JSON line in $OUT/results.jsonl (at most 8 files come back).
-# About 7 minutes: synthetic ingest (MLP Humanoid and SmallCNN Pong, 14 streams), then
+# Synthetic ingest (MLP Humanoid and SmallCNN Pong, 14 streams), then
 # `hetrl local` Humanoid-v5 14 workers CUDA with the defaults and with the old default
-# (--fragments-per-batch 2) for the same ~60 s, then Pong 14 workers CUDA defaults.
+# (--fragments-per-batch 2) for the same ~60 s, then Pong 14 workers CUDA defaults, then
+# Pong under worker and central inference (issue 16, 60 s each); about 9 minutes in all,
+# under the device's 10-minute limit per command: run it alone.
 set -u
 export PYTHONUNBUFFERED=1 MUJOCO_GL=disable
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -91,5 +93,10 @@ run hum_w14_cuda_fpb2 --env Humanoid-v5 --workers 14 --device cuda --fragments-p
 # 3. Pong (SmallCNN), 14 workers, CUDA, defaults. Target: not learner-bound, workers
 #    busy >= 90% (the workers' CPU policy then bounds it).
 run pong_w14_cuda_auto --env bench.envs:make_pong --policy bench.nets:SmallCNN --workers 14 --device cuda
+# 4. Issue 16: Pong (SmallCNN), 14 workers x 16 envs x 32 steps, CUDA, worker against
+#    central inference for the same time. Target: central >= 1.5x the env steps/s, with
+#    GPU busy reported for both (same return after the same steps needs longer runs).
+SECONDS_PER_RUN=60 run pong_w14_cuda_worker16 --env bench.envs:make_pong --policy bench.nets:SmallCNN --workers 14 --device cuda --envs-per-worker 16 --fragment-length 32
+SECONDS_PER_RUN=60 run pong_w14_cuda_central16 --env bench.envs:make_pong --policy bench.nets:SmallCNN --workers 14 --device cuda --envs-per-worker 16 --fragment-length 32 --inference central
 cp bench/results/learner_scale.json "$OUT/" 2>/dev/null
 echo "results: $R"
