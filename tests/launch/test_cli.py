@@ -208,6 +208,6 @@ def test_every_deferred_command_names_a_function_that_exists() -> None:
     from hetrl.launch.cli import COMMANDS, Deferred
 
     deferred = [run for _, run in COMMANDS.values() if isinstance(run, Deferred)]
-    assert len(deferred) >= 4
+    assert len(deferred) >= 3  # submit, fetch, learner (worker picks its module itself)
     for run in deferred:
         assert callable(run.resolve()), run.target
