@@ -35,7 +35,7 @@ import numpy as np
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
 from hetrl.rollout.envs import action_dtype, make_vector_env
-from hetrl.rollout.errors import EnvUnhealthyError, NonFiniteError, WireFormatError
+from hetrl.rollout.errors import WireFormatError
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_UNHEALTHY
 from hetrl.rollout.serving import (
     StreamServer,
@@ -167,7 +167,7 @@ class EnvServer(StreamServer):
         expected = []
         for g, stepper in enumerate(self.groups):
             start = time.perf_counter()
-            obs = self._guarded(context, lambda s=stepper, g=g: s.reset(seed=self._seeds[g]))
+            obs = self.guarded(context, lambda s=stepper, g=g: s.reset(seed=self._seeds[g]))
             self._seeds[g] = None
             n = self.sizes[g]
             zeros = np.zeros(n, dtype=bool)
@@ -197,7 +197,7 @@ class EnvServer(StreamServer):
                               f"malformed LearnerMessage: {exc}"[:2000])
             stepper = self.groups[group]
             start = time.perf_counter()
-            result: StepResult = self._guarded(context, functools.partial(stepper.step, actions))
+            result: StepResult = self.guarded(context, functools.partial(stepper.step, actions))
             step = expected[group]
             expected[group] += 1
             self.steps_sent += 1
@@ -228,22 +228,6 @@ class EnvServer(StreamServer):
         if actions.dtype.kind == "f" and not np.isfinite(actions).all():
             raise WireFormatError("actions hold NaN or Inf")
         return group, actions
-
-    def _guarded(self, context, call):
-        """Run an env call; an env that keeps failing, or a bug, ends the worker."""
-        try:
-            return call()
-        except (EnvUnhealthyError, NonFiniteError) as exc:
-            log.error("%s", exc)  # the env's traceback, for the user and the supervisor
-            self.unhealthy = True
-            self.failure = f"{type(exc).__name__}: {exc}"
-            self._stop("unhealthy env")
-            context.abort(grpc.StatusCode.INTERNAL, f"worker unhealthy: {exc}"[:2000])
-        except Exception as exc:
-            log.exception("stepping the envs failed")
-            self.failure = f"{type(exc).__name__}: {exc}"
-            self._stop(f"error: {self.failure}")
-            context.abort(grpc.StatusCode.INTERNAL, f"worker failed: {self.failure}")
 
     def close(self) -> None:
         for group in self.groups:

@@ -102,6 +102,22 @@ class StreamServer:
         """Monotonic start of the env call running now (None between calls)."""
         raise NotImplementedError
 
+    def guarded(self, context, call):
+        """Run an env call; an env that keeps failing, or a bug, ends the worker."""
+        try:
+            return call()
+        except (EnvUnhealthyError, NonFiniteError) as exc:
+            log.error("%s", exc)  # the env's traceback, for the user and the supervisor
+            self.unhealthy = True
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self._stop("unhealthy env")
+            context.abort(grpc.StatusCode.INTERNAL, f"worker unhealthy: {exc}"[:2000])
+        except Exception as exc:
+            log.exception("stepping the envs failed")
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self._stop(f"error: {self.failure}")
+            context.abort(grpc.StatusCode.INTERNAL, f"worker failed: {self.failure}")
+
     def _stop(self, reason: str) -> None:
         if not self.stopped.is_set():
             self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)

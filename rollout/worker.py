@@ -32,7 +32,7 @@ from hetrl.protos import hetrl_pb2
 from hetrl.rollout import fragments, wire
 from hetrl.rollout.collector import Collector
 from hetrl.rollout.envs import make_vector_env
-from hetrl.rollout.errors import ConfigError, EnvUnhealthyError, NonFiniteError, WireFormatError
+from hetrl.rollout.errors import ConfigError, NonFiniteError, WireFormatError
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_UNHEALTHY
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.rewards import RewardNormalizer
@@ -155,22 +155,7 @@ class RolloutWorker(StreamServer):
                     with inbox.cond:
                         inbox.credits += 1
                     continue
-            try:
-                arrays = self.collector.collect()
-                if self.normalize_rewards is not None:  # the episode returns stay raw
-                    arrays.rewards = self.normalize_rewards(
-                        arrays.rewards, arrays.terminated, arrays.truncated, arrays.valid)
-            except (EnvUnhealthyError, NonFiniteError) as exc:
-                log.error("%s", exc)  # the env's traceback, for the user and the supervisor
-                self.unhealthy = True
-                self.failure = f"{type(exc).__name__}: {exc}"
-                self._stop("unhealthy env")
-                context.abort(grpc.StatusCode.INTERNAL, f"worker unhealthy: {exc}"[:2000])
-            except Exception as exc:  # the policy (or an unguarded env) broke: done
-                log.exception("stepping the envs failed")
-                self.failure = f"{type(exc).__name__}: {exc}"
-                self._stop(f"error: {self.failure}")
-                context.abort(grpc.StatusCode.INTERNAL, f"worker failed: {self.failure}")
+            arrays = self.guarded(context, self._collect)
             message = fragments.serialize(
                 arrays, self.settings.worker_id, self.hello.incarnation,
                 self.sequence, self.version, waited,
@@ -182,6 +167,14 @@ class RolloutWorker(StreamServer):
                 return
             yield message
             self.fragments_sent += 1
+
+    def _collect(self) -> fragments.FragmentArrays:
+        """One fragment, its rewards normalised for training (episode returns stay raw)."""
+        arrays = self.collector.collect()
+        if self.normalize_rewards is not None:
+            arrays.rewards = self.normalize_rewards(
+                arrays.rewards, arrays.terminated, arrays.truncated, arrays.valid)
+        return arrays
 
     def _load_weights(self, weights: hetrl_pb2.Weights, context) -> bool:
         """Load weights into the policy; False if they were dropped (non-finite).
