@@ -1,8 +1,9 @@
 """The learner's ingest pipeline: fragments off the fan-in queue into ready training batches.
 
 A named thread ("batcher") takes fragments off the fan-in queue, returns each one's
-credit at once, counts steps, episodes and policy lag, drops (and counts) fragments older
-than `max_policy_lag`, and copies the rest into one of two preallocated host batches
+credit once the batches ahead of its own have trained (so prefetching adds no policy
+lag), counts steps, episodes and policy lag, drops (and counts) fragments older than
+`max_policy_lag`, and copies the rest into one of two preallocated host batches
 (pinned on CUDA, so that the copy to the GPU is asynchronous). A full batch is copied to
 the device on a side stream (CUDA) and handed to the training thread with an event to
 wait on; on CPU the host buffers are the batch. So the next batch is received, decoded,
@@ -102,7 +103,7 @@ class Batcher:
         streams: Sequence,
         device: torch.device,
         target: Callable[[], int],
-        train_version: Callable[[], int],
+        version: int,
         max_policy_lag: int,
         budget_spent: Callable[[], bool],
         return_credit: Callable[[CreditSink, int], None] | None = None,
@@ -118,15 +119,22 @@ class Batcher:
         self._set_aside: list[tuple[CreditSink, int, ReceivedFragment]] = []
         self._stall, self._on_lost = stall, on_lost
         self._return_credit = return_credit or (lambda stream, gen: stream.return_credit(gen))
-        # Credits of fragments taken while an update runs are held back until it ends,
-        # so that the worker samples its next fragment with the weights that update makes
-        # (as a serial learner would), not the ones before it: prefetching the next
-        # batch must not add a version of policy lag. Never held while no update runs,
-        # so a batch larger than all the credits still fills.
+        # Where training stands, under one lock with the credits it decides: batches are
+        # numbered as they are handed out; `_assembling` is the number of the one being
+        # built, `_done` how many updates have ended, `_version` the policy version after
+        # the last of them. The batch being built trains at `_version` plus one per
+        # batch ahead of it (the one training, and one assembled but not yet started).
+        # A fragment's credit is held back until every batch before its own has trained
+        # and offered its weights, so the worker samples its next fragment with the
+        # weights its own batch trains at (as a serial learner would): prefetching never
+        # adds policy lag. Every batch ahead has been handed out, so held credits always
+        # come back, and a batch larger than all the credits still fills.
         self._credit_lock = threading.Lock()
-        self._updating = False
-        self._held: list[tuple[CreditSink, int]] = []
-        self._target, self._train_version = target, train_version
+        self._assembling = 0
+        self._done = 0
+        self._version = version
+        self._held: list[tuple[int, CreditSink, int]] = []
+        self._target = target
         self._max_policy_lag, self._budget_spent = max_policy_lag, budget_spent
         self._cuda = device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(device) if self._cuda else None
@@ -179,25 +187,27 @@ class Batcher:
                     tensor.record_stream(current)
         return item
 
-    def begin_update(self) -> None:
-        """The training thread starts an update: hold credits back until it ends."""
+    def update_done(self, version: int) -> list[tuple[CreditSink, int]]:
+        """The training thread ended the update of the oldest batch handed out (its
+        weights, now `version`, offered; or rejected, `version` unchanged): the credits
+        now due, for the caller to return once those weights are on their way."""
         with self._credit_lock:
-            self._updating = True
+            self._done += 1
+            self._version = version
+            due = [(stream, gen) for batch, stream, gen in self._held if batch <= self._done]
+            self._held = [held for held in self._held if held[0] > self._done]
+        return due
 
-    def end_update(self) -> list[tuple[CreditSink, int]]:
-        """The update ended (its weights offered): the credits held back meanwhile, for
-        the caller to return once those weights are on their way."""
+    def _credit(self, stream: CreditSink, generation: int) -> int:
+        """Return (or hold back) the credit of a fragment taken into the batch being
+        built; return the policy version that batch will train at."""
         with self._credit_lock:
-            self._updating = False
-            held, self._held = self._held, []
-        return held
-
-    def _credit(self, stream: CreditSink, generation: int) -> None:
-        with self._credit_lock:
-            if self._updating:
-                self._held.append((stream, generation))
-                return
+            train_version = self._version + self._assembling - self._done
+            if self._done < self._assembling:
+                self._held.append((self._assembling, stream, generation))
+                return train_version
         self._return_credit(stream, generation)
+        return train_version
 
     def release(self, ready: ReadyBatch) -> None:
         """The training thread is done with `ready`: its host slot may be refilled."""
@@ -217,6 +227,8 @@ class Batcher:
                 if ready is None:  # stopped, or the budget ran out with nothing taken
                     self._ready.put(None)
                     return
+                with self._credit_lock:
+                    self._assembling += 1
                 self._ready.put(ready)
         except HetrlError as exc:
             self._ready.put(exc)
@@ -351,12 +363,12 @@ class Batcher:
     def _take_fragment(self, stream: CreditSink, generation: int, fragment: ReceivedFragment,
                        in_batch: set[int] | None) -> ReceivedFragment | Literal[False]:
         """Count a fragment into the batch being built (or drop it for lag)."""
-        self._credit(stream, generation)  # the worker may start its next fragment
+        train_version = self._credit(stream, generation)  # its next fragment may start
         self.global_step += fragment.steps
         returns = fragment.arrays.episode_returns
         self.recent_returns.extend(returns.tolist())
         self.episodes += len(returns)
-        lag = self._train_version() - fragment.policy_version
+        lag = train_version - fragment.policy_version
         self.lag_histogram[lag] += 1
         if lag > self._max_policy_lag:
             self.dropped_lag += 1

@@ -94,10 +94,6 @@ class Learner:
         self.out = Path(settings.out or default_run_dir(settings.env, settings.seed))
         self.checkpoint_dir = Path(settings.checkpoint_dir or self.out / "checkpoints")
         resumed = self._resume() if settings.resume else None
-        # The version the batch being built will train at: the next one while an update
-        # runs. One attribute, written whole, so the batcher never reads it half-changed
-        # (version + an "updating" flag read in between once counted lag 1 as 2).
-        self._next_train_version = self.version
         self.spec = StreamSpec(
             env=settings.env,
             observation_space=str(obs_space),
@@ -128,7 +124,7 @@ class Learner:
         stall = StallWatch(STALL_SECONDS)
         self.batcher = Batcher(
             self.fan_in, self.streams, self.device, target=self.fragments_per_batch,
-            train_version=lambda: self._next_train_version,
+            version=self.version,
             max_policy_lag=settings.max_policy_lag,
             budget_spent=lambda: self.global_step >= settings.total_steps,
             return_credit=self.publisher.return_credit,
@@ -298,8 +294,6 @@ class Learner:
         if s.anneal_lr:
             frac = max(0.0, 1.0 - self.global_step / s.total_steps)
             self.optimizer.param_groups[0]["lr"] = frac * s.learning_rate
-        self._next_train_version = self.version + 1
-        self.batcher.begin_update()
         finite = False
         try:
             device_stats = ppo_update_async(self.policy, self.optimizer, ready.batch, s)
@@ -313,9 +307,8 @@ class Learner:
                 self._good_state = self._snapshot()
                 self.publisher.offer(self.version, self._good_state)
         finally:
-            self._next_train_version = self.version
-            # Credits held back during the update go out after its weights.
-            for stream, generation in self.batcher.end_update():
+            # Credits held back for this update go out after its weights.
+            for stream, generation in self.batcher.update_done(self.version):
                 self.publisher.return_credit(stream, generation)
         if not finite:
             self._reject_nonfinite_update()

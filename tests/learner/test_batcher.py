@@ -65,15 +65,14 @@ def fragment(version: int, seed: int, invalid: int = 0) -> ReceivedFragment:
 def make_batcher(target=2, version=0, max_lag=10, budget=10**9):
     fan_in: queue.Queue = queue.Queue()
     stream = FakeStream()
-    state = {"version": version}
     batcher = Batcher(fan_in, [stream], torch.device("cpu"), target=lambda: target,
-                      train_version=lambda: state["version"], max_policy_lag=max_lag,
+                      version=version, max_policy_lag=max_lag,
                       budget_spent=lambda: batcher.global_step >= budget)
-    return batcher, fan_in, stream, state
+    return batcher, fan_in, stream
 
 
 def test_batches_are_assembled_off_the_caller_with_credits_and_counts() -> None:
-    batcher, fan_in, stream, _ = make_batcher(target=2)
+    batcher, fan_in, stream = make_batcher(target=2)
     batcher.start()
     try:
         frags = [fragment(0, seed, invalid=seed) for seed in range(4)]
@@ -81,10 +80,15 @@ def test_batches_are_assembled_off_the_caller_with_credits_and_counts() -> None:
             fan_in.put((stream, 1, f))
         first = batcher.next(timeout=10)
         assert first is not None
-        # Every credit goes back as its fragment is taken, before training.
-        wait_for(lambda: stream.credits == 4, 10, "credits returned")
+        # The first batch's credits go back as its fragments are taken; the second
+        # batch's once the first has trained (its fragments train at the next version).
         second = batcher.next(timeout=10)
         assert second is not None
+        assert stream.credits == 2
+        assert batcher.lag_histogram == {0: 2, 1: 2}
+        for s, generation in batcher.update_done(1):
+            s.return_credit(generation)
+        assert stream.credits == 4
         for ready, pair in ((first, frags[:2]), (second, frags[2:])):
             expected = np.concatenate([f.arrays.observations for f in pair], axis=1)
             np.testing.assert_array_equal(ready.batch.observations.numpy(), expected)
@@ -107,53 +111,70 @@ def test_batches_are_assembled_off_the_caller_with_credits_and_counts() -> None:
 
 
 def test_batcher_holds_at_most_one_batch_beyond_the_one_in_training() -> None:
-    batcher, fan_in, stream, _ = make_batcher(target=1)
+    batcher, fan_in, stream = make_batcher(target=1)
     batcher.start()
     try:
         for seed in range(5):
             fan_in.put((stream, 1, fragment(0, seed)))
         first = batcher.next(timeout=10)
         assert first is not None
-        wait_for(lambda: stream.credits == 2, 10, "the second batch assembled")
+        wait_for(lambda: fan_in.qsize() == 3, 10, "the second batch assembled")
         # Both slots are taken (one training, one ready): nothing more is taken off.
         with pytest.raises(AssertionError):
-            wait_for(lambda: stream.credits > 2, 0.5, "more")
-        assert fan_in.qsize() == 3
+            wait_for(lambda: fan_in.qsize() < 3, 0.5, "more")
+        assert stream.credits == 1  # the second batch's credit waits for the first update
     finally:
         batcher.stop()
 
 
-def test_credits_taken_during_an_update_wait_for_its_weights() -> None:
-    # Prefetching the next batch must not add a version of lag: a fragment taken while
-    # an update runs gets its credit back only after that update's weights are pushed.
+def test_a_credit_waits_for_the_weights_its_batch_trains_at() -> None:
+    # Prefetching the next batch must not add a version of lag: a fragment taken into a
+    # batch behind one not yet trained gets its credit back only after that update's
+    # weights are pushed, whether the update has started yet or not.
     stream = FakeStream()
     publisher = Publisher([stream], torch.device("cpu"))
-    batcher, fan_in, _, _ = make_batcher(target=1)
+    batcher, fan_in, _ = make_batcher(target=1)
     batcher._return_credit = publisher.return_credit
     batcher.start()
     try:
-        batcher.begin_update()
         fan_in.put((stream, 1, fragment(0, 0)))
-        assert batcher.next(timeout=10) is not None
-        assert stream.credits == 0  # held while the update runs
+        first = batcher.next(timeout=10)
+        assert first is not None and stream.credits == 1  # nothing ahead of it
+        # The first batch is handed out but its update has not begun: the second still
+        # trains after it, at version 1, so its credit is held.
+        fan_in.put((stream, 1, fragment(0, 1)))
+        second = batcher.next(timeout=10)
+        assert second is not None and stream.credits == 1
+        assert batcher.lag_histogram == {0: 1, 1: 1}
         publisher.offer(1, {"w": torch.ones(2)})
-        for s, generation in batcher.end_update():
+        for s, generation in batcher.update_done(1):
             publisher.return_credit(s, generation)
-        assert stream.credits == 0 and stream.weights == []  # deferred until pushed
+        assert stream.credits == 1 and stream.weights == []  # deferred until pushed
         publisher.start()
-        wait_for(lambda: stream.credits == 1, 10, "the credit after the weights")
+        wait_for(lambda: stream.credits == 2, 10, "the credit after the weights")
         assert [w.version for w in stream.weights] == [1]
-        # With no update running and nothing to publish, credits go back at once.
-        fan_in.put((stream, 1, fragment(1, 1)))
-        wait_for(lambda: stream.credits == 2, 10, "an immediate credit")
+        batcher.release(first)
+        # The second batch is training (version 1); a third trains at version 2.
+        fan_in.put((stream, 1, fragment(1, 2)))
+        third = batcher.next(timeout=10)
+        assert third is not None and stream.credits == 2
+        for s, generation in batcher.update_done(2):
+            s.return_credit(generation)
+        assert stream.credits == 3
+        assert batcher.update_done(3) == []  # the third batch trained
+        batcher.release(second)
+        batcher.release(third)
+        # Nothing ahead, nothing to publish: the credit goes back at once.
+        fan_in.put((stream, 1, fragment(3, 3)))
+        wait_for(lambda: stream.credits == 4, 10, "an immediate credit")
+        assert batcher.lag_histogram == {0: 2, 1: 2}
     finally:
         batcher.stop()
         publisher.close()
 
 
 def test_stale_fragments_are_dropped_counted_and_their_credit_returned() -> None:
-    batcher, fan_in, stream, state = make_batcher(target=1, max_lag=3)
-    state["version"] = 5
+    batcher, fan_in, stream = make_batcher(target=1, version=5, max_lag=3)
     batcher.start()
     try:
         fan_in.put((stream, 1, fragment(1, 0)))  # 4 updates old: dropped
@@ -167,7 +188,7 @@ def test_stale_fragments_are_dropped_counted_and_their_credit_returned() -> None
 
 
 def test_budget_spent_ends_the_batches() -> None:
-    batcher, fan_in, stream, _ = make_batcher(target=4, budget=2 * T * N)
+    batcher, fan_in, stream = make_batcher(target=4, budget=2 * T * N)
     batcher.start()
     try:
         for seed in range(6):
@@ -181,14 +202,14 @@ def test_budget_spent_ends_the_batches() -> None:
 
 
 def test_stream_failures_reach_the_training_thread() -> None:
-    batcher, fan_in, stream, _ = make_batcher()
+    batcher, fan_in, stream = make_batcher()
     batcher.start()
     fan_in.put(StreamFailure("w:1", ProtocolError("bad hello")))
     with pytest.raises(ProtocolError, match="bad hello"):
         wait_for(lambda: batcher.next(timeout=0.5), 10, "the failure")
     batcher.stop()
 
-    batcher, fan_in, stream, _ = make_batcher()
+    batcher, fan_in, stream = make_batcher()
     stream.alive = False
     batcher.start()
     fan_in.put(StreamFailure("w:1", ConnectionError("gone")))
@@ -402,7 +423,7 @@ def test_central_batches_take_one_fragment_per_worker_and_hold_the_rest_back() -
     fan_in: queue.Queue = queue.Queue()
     fast, slow = FakeStream(), FakeStream()
     batcher = Batcher(fan_in, [fast, slow], torch.device("cpu"), target=lambda: 2,
-                      train_version=lambda: 0, max_policy_lag=10,
+                      version=0, max_policy_lag=10,
                       budget_spent=lambda: False, one_per_stream=True)
     batcher.start()
     try:
@@ -420,6 +441,9 @@ def test_central_batches_take_one_fragment_per_worker_and_hold_the_rest_back() -
         second = batcher.next(timeout=10)
         assert second is not None
         assert [float(r) for r in second.episode_returns] == [2.0, 4.0]
+        assert fast.credits == 1 and slow.credits == 1  # until the first batch trains
+        for stream, generation in batcher.update_done(1):
+            stream.return_credit(generation)
         assert fast.credits == 2 and slow.credits == 2
     finally:
         batcher.stop()
