@@ -175,7 +175,8 @@ class ReportSettings:
     or `live` / `live:REGION` for current prices from the AWS Price List API (needs AWS
     credentials; cached a day; the shipped table, with a line saying so, without)."""
     target_return: float | None = None
-    """Comparing two runs: also show what each paid until its mean return first reached this."""
+    """Comparing two runs: the mean return(100) whose env steps, wall time and cost to
+    reach are compared; default: the lower of the two runs' best."""
 
     def __post_init__(self) -> None:
         require(len(self.runs) in (1, 2), "give one run directory, or two to compare")
