@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import difflib
 import functools
 import importlib
 import logging
@@ -23,7 +24,7 @@ from types import ModuleType
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.envs.registration import EnvSpec
+from gymnasium.envs.registration import EnvSpec, find_highest_version, parse_env_id
 from gymnasium.vector import AutoresetMode
 
 from hetrl.rollout.errors import EnvError, EnvShapeError, EnvUnhealthyError, NonFiniteError
@@ -73,16 +74,66 @@ def _import_modules(names: tuple[str, ...]) -> None:
 
 
 def env_spec(settings: EnvSettings) -> str | EnvSpec:
-    """The id or EnvSpec to hand to gymnasium for `--env`."""
+    """The id or EnvSpec to hand to gymnasium for `--env`.
+
+    Raises:
+        EnvError: an `--env-import` or `--env` module cannot be imported, or `--env
+            module:Name` names neither a callable of the module nor an env id it registers.
+    """
     _import_modules(settings.env_import)
     if ":" in settings.env:
-        module, _, attr = settings.env.partition(":")
-        target = getattr(import_user_module(module, f"--env {settings.env!r}"), attr,
-                         None)
+        module_name, _, attr = settings.env.partition(":")
+        module = import_user_module(module_name, f"--env {settings.env!r}")
+        target = getattr(module, attr, None)
         if callable(target):  # pkg.mod:Class (or a factory function)
             return EnvSpec(id=settings.env, entry_point=settings.env)
-        # otherwise gymnasium's own "module:EnvId" form: the module registers EnvId
+        # Otherwise gymnasium's own "module:EnvId" form: importing the module registered
+        # EnvId (gymnasium reports a bad id that is no Python name, e.g. ns/Name-v0).
+        if attr.isidentifier() and not _registered(attr):
+            raise _no_such_env(settings.env, module, attr, target)
     return settings.env
+
+
+def _registered(env_id: str) -> bool:
+    """Whether gymnasium's registry resolves `env_id` (an unversioned name: any version)."""
+    if env_id in gym.envs.registry:
+        return True
+    try:
+        namespace, name, _ = parse_env_id(env_id)
+    except gym.error.Error:  # not of the form [namespace/]name[-vN]
+        return False
+    return find_highest_version(namespace, name) is not None
+
+
+def _no_such_env(env: str, module: ModuleType, attr: str, target: object) -> EnvError:
+    """The error for `--env module:attr` when attr is neither callable nor a registered id:
+    the module's closest class or callable, else gymnasium's closest registered id, else
+    a few of the callables the module defines."""
+    what = f"--env {env}: module {module.__name__}"
+    if target is not None:
+        return EnvError(f"{what}: its {attr} ({type(target).__name__}) is neither an env "
+                        f"class nor a function that makes one, and no env id {attr} is "
+                        "registered")
+    public = {name: getattr(module, name, None) for name in dir(module)
+              if not name.startswith("_")}
+    callables = [name for name, value in public.items() if callable(value)]
+    classes = [name for name in callables if isinstance(public[name], type)]
+    close = (difflib.get_close_matches(attr, classes, n=1)
+             or difflib.get_close_matches(attr, callables, n=1))
+    if close:
+        return EnvError(f"{what} has no {attr}; did you mean {close[0]}?")
+    what += f" has no {attr}, and no env id {attr} is registered"
+    close = difflib.get_close_matches(attr, list(gym.envs.registry), n=1)
+    if close:
+        return EnvError(f"{what}; did you mean the env id {close[0]}?")
+    own = [name for name in callables
+           if getattr(public[name], "__module__", None) == module.__name__]
+    shown = own or callables
+    if not shown:
+        return EnvError(f"{what}; it defines nothing callable: give --env module:Class "
+                        "naming your env's class")
+    more = ", ..." if len(shown) > 5 else ""
+    return EnvError(f"{what}; its classes and functions include {', '.join(shown[:5])}{more}")
 
 
 def check_spaces(observation_space: gym.Space, action_space: gym.Space, env: str) -> None:
@@ -113,11 +164,13 @@ def describe_env(settings: EnvSettings) -> EnvDescription:
     try:
         env = gym.make(spec)
     except Exception as exc:
-        raise EnvError(
-            f"cannot make env {settings.env!r}: {type(exc).__name__}: {exc}\n"
-            "Check the id (gymnasium.pprint_registry() lists them), or pass --env-import "
-            "for a package that registers it, or --env pkg.mod:Class."
-        ) from exc
+        message = f"cannot make env {settings.env!r}: {type(exc).__name__}: {exc}"
+        if isinstance(spec, str) and not _registered(spec.rpartition(":")[2]):
+            # gymnasium's own text above names the closest registered id, if one is close
+            message += ("\nCheck the id (gymnasium.pprint_registry() lists them), or pass "
+                        "--env-import for a package that registers it, or --env "
+                        "pkg.mod:Class.")
+        raise EnvError(message) from exc
     try:
         observation_space = env.observation_space
         check_spaces(observation_space, env.action_space, settings.env)

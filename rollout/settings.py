@@ -73,6 +73,10 @@ class PolicySettings:
         require(self.inference in ("worker", "central"),
                 f"--inference must be worker or central, got {self.inference!r}")
         self.hidden_sizes = tuple(self.hidden_sizes)
+        # Empty would build a linear policy; a bare --hidden-sizes gives it silently, so it
+        # is refused (a linear policy is a custom --policy).
+        require(len(self.hidden_sizes) >= 1,
+                "--hidden-sizes needs at least one width, e.g. --hidden-sizes 64 64")
         require(
             all(h > 0 for h in self.hidden_sizes),
             f"--hidden-sizes must be positive, got {self.hidden_sizes}",

@@ -151,15 +151,16 @@ def _flags_in_section(output: str, section: str) -> list[str]:
     return re.findall(r"^│ (--[a-z0-9-]+)", box, flags=re.MULTILINE)
 
 
-def test_help_lists_the_env_and_the_run_first_then_the_rest_by_topic() -> None:
+def test_help_lists_the_essentials_first_then_the_rest_by_topic() -> None:
     proc = hetrl("local", "--help")
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, output
     assert _sections_in_help(output) == [
-        "env", "run", "algorithm", "policy", "rollout", "evaluation",
+        "essentials", "env", "run", "algorithm", "policy", "rollout", "evaluation",
         "checkpoints", "output", "reliability"]
-    assert _flags_in_section(output, "env")[:2] == ["--env", "--env-import"]
-    assert "--workers" in _flags_in_section(output, "run")
+    assert _flags_in_section(output, "essentials")[:3] == ["--env", "--total-steps",
+                                                            "--workers"]
+    assert "--startup-timeout" in _flags_in_section(output, "run")
     assert "--learning-rate" in _flags_in_section(output, "algorithm")
     assert "--keepalive-time" in _flags_in_section(output, "reliability")
 
@@ -168,8 +169,9 @@ def test_submit_help_puts_the_aws_flags_after_the_env_and_hides_what_a_job_ignor
     proc = hetrl("submit", "--help")
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, output
-    assert _sections_in_help(output)[:2] == ["env", "submit"]
-    assert {"--role", "--region", "--output"} <= set(_flags_in_section(output, "submit"))
+    assert _sections_in_help(output)[:3] == ["essentials", "env", "submit"]
+    assert {"--role", "--region"} <= set(_flags_in_section(output, "submit"))
+    assert "--output" in _flags_in_section(output, "essentials")  # submit's --out
     assert "--out " not in output  # a job writes into its model directory, whatever --out says
     assert "--control-port" in _flags_in_section(output, "cluster")
 
