@@ -3,12 +3,63 @@
 `make_pong` is ALE Pong-v5 as the Atari literature trains it: frame skip 4 (done by
 AtariPreprocessing, so the ALE env itself must not skip), 84x84 grayscale, 4-frame
 stacks, uint8 observations of shape (4, 84, 84). The ROM ships inside ale-py;
-AtariPreprocessing needs OpenCV (`opencv-python-headless`). Nothing else lives here.
+AtariPreprocessing needs OpenCV (`opencv-python-headless`). `LaggyCartPole` is
+CartPole-v1 whose first env on one worker is slow or stalls now and then (bench/lag.py
+injects policy lag with it). Nothing else lives here.
 """
 
 from __future__ import annotations
 
+import os
+import time
+
 import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+from hetrl.rollout.serving import worker_seed
+
+# Set by bench/lag.py in the launcher's environment, which every worker inherits.
+SLOW_WORKER = "HETRL_BENCH_SLOW_WORKER"
+STEP_SLEEP = "HETRL_BENCH_STEP_SLEEP"
+STALL_EVERY = "HETRL_BENCH_STALL_EVERY"
+STALL_SECONDS = "HETRL_BENCH_STALL_SECONDS"
+
+
+class LaggyCartPole(CartPoleEnv):
+    """CartPole-v1 (500-step limit) whose env 0 of worker $HETRL_BENCH_SLOW_WORKER sleeps
+    $HETRL_BENCH_STEP_SLEEP s per step (that worker runs slower than the others: its
+    fragments arrive older) and, every $HETRL_BENCH_STALL_EVERY s, stalls for
+    $HETRL_BENCH_STALL_SECONDS (a frozen host). Which worker and env it is comes from the
+    seed of its first reset: worker_seed(seed, worker) + env index."""
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        super().__init__(render_mode=render_mode)
+        self.slow = False
+        self._steps = 0
+        self._last_stall = time.monotonic()
+        self.step_sleep = float(os.environ.get(STEP_SLEEP, "0"))
+        self.stall_every = float(os.environ.get(STALL_EVERY, "0"))
+        self.stall_seconds = float(os.environ.get(STALL_SECONDS, "0"))
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None and SLOW_WORKER in os.environ:
+            slow = int(os.environ[SLOW_WORKER])
+            # worker_seed(s, w) = s * 10_007 + w * 101; env j is reset with that + j.
+            self.slow = (seed - worker_seed(0, slow)) % 10_007 == 0
+        self._steps = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.slow:
+            if self.step_sleep:
+                time.sleep(self.step_sleep)
+            now = time.monotonic()
+            if self.stall_every and now - self._last_stall > self.stall_every:
+                time.sleep(self.stall_seconds)
+                self._last_stall = time.monotonic()
+        obs, reward, terminated, truncated, info = super().step(action)
+        self._steps += 1
+        return obs, reward, terminated, truncated or self._steps >= 500, info
 
 
 def make_pong(**kwargs) -> gym.Env:

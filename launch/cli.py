@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import logging
 import os
 import sys
@@ -16,8 +15,8 @@ from typing import Any
 import tyro
 
 from hetrl.launch import flags
+from hetrl.launch.config import config_values, resume_settings
 from hetrl.launch.emulate import EmulateSettings
-from hetrl.launch.hyperparameters import from_hyperparameters
 from hetrl.launch.jobs import FetchSettings
 from hetrl.launch.plan import PlanSettings
 from hetrl.launch.settings import (
@@ -53,27 +52,36 @@ class Deferred:
         return self.resolve()(settings)
 
 
-def _local(settings: LocalSettings, given: set[str] | None = None) -> int:
+def _local(settings: LocalSettings, given: set[str] | None = None, resumed: str = "") -> int:
     # The first line, before the heavy imports and the env check: what is starting.
     print(f"hetrl local: {settings.env}, {settings.workers} workers x "
           f"{settings.envs_per_worker} envs, {settings.total_steps:,} env steps, seed "
           f"{settings.seed}; starting ...", file=sys.stderr, flush=True)
+    if resumed:
+        print(f"hetrl: {resumed}", file=sys.stderr, flush=True)
     from hetrl.launch.local import run_prepared
     from hetrl.launch.presets import announce, apply_preset
 
     settings, line = apply_preset(settings, given)  # what you gave wins over the preset
     announce(line)
-    result = run_prepared(settings)
-    if result.ok:
-        print(f"hetrl: done; model and metrics in {result.out}", file=sys.stderr)
+    result = run_prepared(settings, started=_process_start())
+    for line in result.outcome_lines():  # the command's result: stdout, the rest stderr
+        print(f"hetrl: {line}")
     return result.exit_code
+
+
+def _process_start() -> float:
+    """When this command started (Unix time), interpreter start-up and imports included."""
+    import psutil
+
+    return psutil.Process().create_time()
 
 
 def _emulate(settings: EmulateSettings) -> int:
     from hetrl.launch.emulate import report, run_emulated
 
     result = run_emulated(settings)
-    print(report(result), file=sys.stderr)
+    print(report(result))  # the command's result on stdout, the hosts' lines on stderr
     return result.exit_code
 
 
@@ -91,12 +99,20 @@ def _report(settings: ReportSettings) -> int:
 
 
 def _enjoy(settings: EnjoySettings) -> int:
-    from hetrl.rollout.evaluate import evaluate, load_policy
+    from hetrl.rollout.evaluate import describe_model, evaluate, load_policy
+    from hetrl.rollout.models import model_file
 
-    trained = load_policy(settings.run)
+    which = settings.which
+    if which == "best" and Path(settings.run).is_dir():
+        try:
+            model_file(settings.run, "best")
+        except ConfigError as exc:  # a run that kept no best: its final policy, said so
+            print(f"hetrl enjoy: {exc}; playing the final one", file=sys.stderr)
+            which = "final"
+    trained = load_policy(settings.run, which)
     mode = "deterministic" if settings.deterministic else "sampled"
-    print(f"hetrl enjoy: {trained.env.env}, {settings.episodes} episodes, {mode} actions",
-          file=sys.stderr)
+    print(f"hetrl enjoy: {trained.env.env}, {describe_model(trained)}, {settings.episodes} "
+          f"episodes, {mode} actions", file=sys.stderr)
     result = evaluate(trained, settings.episodes, settings.deterministic, settings.seed,
                       settings.video or None)
     print(result.summary())
@@ -127,8 +143,6 @@ def _worker(settings: WorkerSettings) -> int:
 def _launch(settings: ClusterSettings) -> int:  # dispatched in main(), see there
     raise AssertionError("hetrl launch is dispatched by launch.host.main")
 
-
-ROLE_SETTINGS = (LocalSettings, ClusterSettings, LearnerSettings, WorkerSettings)
 
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "local": (LocalSettings, _local),
@@ -171,38 +185,6 @@ def _split_config(args: list[str]) -> tuple[str, list[str]]:
     return "", args
 
 
-def config_values(path: str, cls: type) -> dict[str, Any]:
-    """Field values of `cls` from a JSON or YAML settings file.
-
-    Settings of other hetrl roles that `cls` lacks (a run's settings.json holds the
-    learner's, e.g. worker_addresses) are skipped, and so is the `out` of the run the
-    file belongs to, so a new run never writes into it.
-
-    Raises:
-        ConfigError: the file cannot be read or parsed, or names an unknown setting.
-    """
-    file = Path(path)
-    try:
-        text = file.read_text()
-        if file.suffix in (".yaml", ".yml"):
-            import yaml
-
-            values = yaml.safe_load(text) or {}
-        else:
-            values = json.loads(text)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--config {path}: cannot read it ({exc})") from exc
-    if not isinstance(values, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of setting: value")
-    own = {f.name for f in dataclasses.fields(cls)}
-    known = {f.name for c in ROLE_SETTINGS for f in dataclasses.fields(c)}
-    if values.get("out") and Path(values["out"]).resolve() == file.parent.resolve():
-        values.pop("out")  # the previous run's own directory
-    values = {k.replace("-", "_"): v for k, v in values.items()}
-    values = {k: v for k, v in values.items() if k in own or k not in known}
-    return from_hyperparameters(values, cls, what="setting")
-
-
 def _main(args: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     user_modules_importable()  # --env my_pkg.envs:Maze from this folder, as python -m
@@ -222,7 +204,9 @@ def _main(args: list[str]) -> int:
             settings = flags.parse(cls, rest, prog=f"hetrl {name}", default=default,
                                    description=f"{cls.__doc__}\n\n{CONFIG_HELP}")
             if cls is LocalSettings:  # flags and the config file win over the preset
-                return _local(settings, flags_given(rest, cls) | set(from_file))
+                given = flags_given(rest, cls) | set(from_file)
+                settings, given, resumed = resume_settings(settings, given)
+                return _local(settings, given, resumed)
             return run(settings)
         except HetrlError as exc:
             print(f"hetrl {name}: error: {exc}\n(hetrl {name} --help lists every flag)",

@@ -211,7 +211,8 @@ def run_emulated(settings: EmulateSettings) -> EmulateResult:
     code = EXIT_OK
     cluster: EmulatedCluster | None = None
     try:
-        cluster = start_hosts(settings, echo=sys.stdout)  # one stream, as CloudWatch shows
+        # One stream, as CloudWatch shows; progress, so on stderr (the result: stdout).
+        cluster = start_hosts(settings, echo=sys.stderr)
         hosts = cluster.hosts
         while hosts[cluster.learner].exit_code() is None:
             time.sleep(0.2)

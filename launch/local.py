@@ -7,9 +7,14 @@ learner with their addresses, and supervises: the run succeeds when the learner 
 that crashes, is killed or hangs during training is restarted on its port by the
 workers' supervisor (launch.supervisor, at most MAX_WORKER_RESTARTS times in the run)
 and the learner's stream reconnects to it; none is restarted once the learner has begun
-to stop; a worker whose env keeps failing (exit code unhealthy), a failing learner,
-Ctrl-C or SIGTERM stop every child (SIGTERM, then SIGKILL after a grace) and the
-launcher exits non-zero, except after a SIGTERM that every child honoured (exit 0).
+to stop; a worker whose env keeps failing (exit code unhealthy) or a failing learner
+stop every child (SIGTERM, then SIGKILL after a grace) and the launcher exits non-zero.
+Ctrl-C or SIGTERM reach the launcher alone (children run in their own sessions): it
+passes the stop to the learner, which saves its model and a checkpoint and stops its
+workers, then stops what is left; it exits 130, or 0 after a SIGTERM every child
+honoured. A second Ctrl-C kills every child at once. The command's settings go to
+<out>/settings.json, and where its wall time went (start-up, training, stop, report)
+to the summary.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -27,17 +34,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import psutil
+
+from hetrl.launch.config import (
+    check_resume,
+    resume_settings,
+    saved_settings,
+    write_json,
+    write_settings,
+)
 from hetrl.launch.evaluator import finish_evaluations, start_evaluator
 from hetrl.launch.hyperparameters import check_names
 from hetrl.launch.presets import announce, apply_preset, changed_fields
-from hetrl.launch.processes import Child, child_environment, spawn, stop_all
+from hetrl.launch.processes import Child, child_environment, kill_all, spawn, stop_all
 from hetrl.launch.settings import LocalSettings
 from hetrl.launch.supervisor import Supervisor
 from hetrl.learner.metrics import TRACK_NEEDS
 from hetrl.learner.settings import LearnerSettings, default_run_dir
-from hetrl.rollout.envs import describe_env
+from hetrl.rollout.envs import EnvDescription, describe_env
 from hetrl.rollout.errors import ChildFailedError, ConfigError
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from hetrl.rollout.models import BEST_MODEL_FILE, best_info
 from hetrl.rollout.settings import WorkerSettings, pick
 from hetrl.rollout.transport import new_token
 
@@ -60,15 +78,45 @@ class RunResult:
     def model_path(self) -> Path:
         return self.out / "model.safetensors"
 
-    def policy(self):
-        """The trained policy, ready to act (hetrl.rollout.evaluate.TrainedPolicy).
+    def outcome_lines(self) -> list[str]:
+        """What the command says at its end: how it ended, where its wall time went,
+        where the outputs are, and how to continue a run that was stopped."""
+        s = self.summary
+        if not s:
+            return [] if self.ok else [f"no summary was written; the run's files are in "
+                                       f"{self.out}"]
+        timing = s.get("timing", {})
+        parts = [f"{name} {_seconds(timing.get(key))}" for name, key in (
+            ("start-up", "startup_seconds"), ("training", "training_seconds"),
+            ("stop", "stop_seconds"), ("report", "report_seconds")) if timing.get(key)]
+        took = f" in {_seconds(timing.get('command_seconds'))}" if timing else ""
+        took += f" ({', '.join(parts)})" if parts else ""
+        mean = s.get("mean_return_100")
+        figures = f"{s.get('global_step', 0):,} env steps" + (
+            f", mean return(100) {mean:,.1f}" if mean is not None else "")
+        best = s.get("best")
+        if best:
+            figures += (f", best {best['mean_return']:,.1f} at step "
+                        f"{best['global_step']:,}")
+        outcome = str(s.get("outcome", ""))
+        lines = [f"{outcome}{took}: {figures}"]
+        lines.append(f"model and metrics in {self.out}" + (
+            "; `hetrl enjoy` plays the best policy, `--which final` the last"
+            if best else ""))
+        if outcome.startswith("stopped") or self.exit_code not in (0,):
+            lines.append(f"to continue this run: hetrl local --out {self.out} --resume")
+        return lines
+
+    def policy(self, which: str = "final"):
+        """The trained policy, ready to act (hetrl.rollout.evaluate.TrainedPolicy):
+        the final one, or (which="best") the best the run kept.
 
         Raises:
-            ConfigError: the run saved no model.
+            ConfigError: the run saved no such model.
         """
         from hetrl.rollout.evaluate import load_policy
 
-        return load_policy(self.out)
+        return load_policy(self.out, which)
 
 
 class _Interrupted(Exception):
@@ -120,30 +168,106 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     else:
         base = dataclasses.replace(settings, **overrides)
         explicit = changed_fields(base) | set(overrides)
+    base, explicit, resumed = resume_settings(base, explicit)
+    if resumed:
+        announce(resumed)
     prepared, line = apply_preset(base, explicit)
     announce(line)
     return run_prepared(prepared)
 
 
-def run_prepared(settings: LocalSettings) -> RunResult:
+def run_prepared(settings: LocalSettings, started: float | None = None) -> RunResult:
     """run_local for settings whose preset is already applied (by the CLI, which knows
-    the flags given): the settings are used as they are."""
-    describe_env(settings)  # fail here, before anything is spawned
+    the flags given): the settings are used as they are. `started`: when the command
+    started (Unix time; default now), for the summary's account of its wall time."""
+    started = time.time() if started is None else started
+    spaces = describe_env(settings)  # fail here, before anything is spawned
     if settings.track and importlib.util.find_spec("wandb") is None:
         raise ConfigError(TRACK_NEEDS)
+    if settings.inference == "central" and settings.credits_per_worker != 1:
+        # What the learner does anyway (policy lag 0 or 1); recorded as it runs.
+        settings = dataclasses.replace(settings, credits_per_worker=1)
+    check_budget(settings, spaces)
     out = prepare_out_dir(settings)
     settings = dataclasses.replace(settings, out=str(out))
+    write_settings(out, settings)  # so that --config reruns it and --resume continues it
     if settings.instance_type:  # what the report prices this machine as
         instances = [{"group": "local", "instance_type": settings.instance_type, "count": 1}]
         (out / "cluster.json").write_text(json.dumps({"instances": instances}))
     code = _supervise(settings, out / "launch")
-    if (out / "summary.json").exists():
+    summary = _account_time(out, started)
+    if summary and settings.report and code != EXIT_INTERRUPTED:
         from hetrl.launch.report import try_write_report
 
+        say("writing the report (--no-report skips it) ...")
+        report_start = time.time()
         try_write_report(out, settings.instance_type)
-    summary_path = out / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        summary["timing"]["report_seconds"] = round(time.time() - report_start, 2)
     return RunResult(code, out, summary)
+
+
+def _account_time(out: Path, started: float) -> dict[str, Any]:
+    """Add to summary.json where this command's wall time went: start-up (until the
+    learner's first update), training, and the stop; return the summary ({} if none)."""
+    path = out / "summary.json"
+    if not path.exists():
+        return {}
+    summary = json.loads(path.read_text())
+    now = time.time()
+    first, ended = summary.get("first_update_unix"), summary.get("ended_unix")
+    timing: dict[str, float | None] = {"command_seconds": round(now - started, 2)}
+    timing["startup_seconds"] = round(first - started, 2) if first else None
+    timing["training_seconds"] = round(ended - first, 2) if first and ended else None
+    timing["stop_seconds"] = round(now - ended, 2) if ended else None
+    summary["timing"] = timing
+    # The evaluator may have kept a better policy after the learner wrote its summary.
+    summary["best"] = best_info(out / BEST_MODEL_FILE)
+    write_json(path, summary)
+    return summary
+
+
+def check_budget(settings: LocalSettings, spaces: EnvDescription) -> None:
+    """Refuse settings whose first batch alone would spend the step budget, and warn when
+    the run would train only a few updates or its experience would not fit in memory.
+
+    Raises:
+        ConfigError: one batch holds more env steps than --total-steps.
+    """
+    fragment = settings.envs_per_worker * settings.fragment_length
+    batch = settings.batch_fragments(settings.workers) * fragment
+    fix = ("lower --envs-per-worker or --fragment-length (one fragment is envs per worker "
+           "x fragment length steps), or raise --total-steps")
+    if batch > settings.total_steps:
+        raise ConfigError(
+            f"one training batch holds {batch:,} env steps ({settings.workers} workers x "
+            f"{settings.envs_per_worker} envs x {settings.fragment_length} steps), more than "
+            f"--total-steps {settings.total_steps:,}: the run would end before it trained; "
+            f"{fix}")
+    updates = settings.total_steps // batch
+    if updates < MIN_UPDATES:
+        say(f"warning: only {updates} updates fit in --total-steps {settings.total_steps:,} "
+            f"with batches of {batch:,} env steps; {fix}")
+    memory = _experience_bytes(settings, spaces, fragment)
+    available = psutil.virtual_memory().available
+    if memory > 0.5 * available:
+        say(f"warning: the fragments in flight and in training take about "
+            f"{memory / 2**30:.1f} GiB of the {available / 2**30:.1f} GiB available; {fix}")
+
+
+MIN_UPDATES = 10
+"""Fewer updates than this in a run's budget gets a warning: PPO learns little in so few."""
+
+
+def _experience_bytes(settings: LocalSettings, spaces: EnvDescription,
+                      fragment_steps: int) -> float:
+    """About how many bytes of experience a run holds at once: each worker's fragments in
+    flight (its credits, once in the worker and once decoded by the learner) and the
+    learner's two batch slots."""
+    obs = spaces.observation_space
+    step_bytes = int(np.prod(obs.shape or ())) * np.dtype(obs.dtype).itemsize + 32
+    fragments = (2 * settings.workers * settings.credits_per_worker
+                 + 2 * settings.batch_fragments(settings.workers))
+    return fragments * fragment_steps * step_bytes
 
 
 # What a directory holds when a hetrl run wrote it (--overwrite deletes nothing else).
@@ -155,16 +279,22 @@ def prepare_out_dir(settings: LocalSettings) -> Path:
 
     A directory that already holds files is refused unless --resume continues the run in
     it or --overwrite deletes the previous run's outputs first (only if it holds a hetrl
-    run: hetrl deletes nothing else), so two runs never mix their metrics.
+    run: hetrl deletes nothing else), so two runs never mix their metrics. A resume is
+    checked against the run's settings.json before anything starts.
 
     Raises:
-        ConfigError: the directory holds files and neither flag says what to do, or it
-            cannot be created or written.
+        ConfigError: the directory holds files and neither flag says what to do, it
+            cannot be created or written, or a resume changes what the run's network
+            depends on (launch.config.RESUME_FIXED).
     """
     out = Path(settings.out or default_run_dir(settings.env, settings.seed))
     if settings.resume and settings.overwrite:
         raise ConfigError("--resume continues the run in --out, --overwrite starts it again: "
                           "give one of them")
+    if settings.resume:
+        saved = saved_settings(out, LocalSettings)
+        if saved is not None:
+            check_resume(saved, settings, out)
     if out.is_dir() and any(out.iterdir()):
         is_run = any((out / name).exists() for name in _RUN_MARKERS)
         if settings.overwrite and is_run:
@@ -191,18 +321,29 @@ def prepare_out_dir(settings: LocalSettings) -> Path:
 
 def _supervise(settings: LocalSettings, run_dir: Path) -> int:
     env = child_environment(new_token())
+    # Children run outside the terminal's process group: a Ctrl-C reaches this launcher
+    # alone, which asks the learner to stop (it saves, then stops its workers) instead of
+    # every process stopping at once in no order.
     workers = Supervisor(
         lambda i, port, ready: pick(WorkerSettings, settings, worker_id=i, host="127.0.0.1",
                                     port=port, ready_file=ready),
-        run_dir, env)
+        run_dir, env, say=say, new_session=True)
     learner: Child | None = None
     evaluator: Child | None = None
+    signals: list[int] = []
 
     def children() -> list[Child]:  # stopped together: the learner checkpoints meanwhile
         return [*workers.workers, *([learner] if learner is not None else [])]
 
     def on_signal(signum, _frame):
-        raise _Interrupted(signum)
+        signals.append(signum)
+        if len(signals) == 1:
+            raise _Interrupted(signum)
+        # A second one while stopping: wait for nothing more.
+        kill_all([*children(), *([evaluator] if evaluator is not None else [])])
+        say(f"{_signal_name(signum)} again: stopped at once; the model and checkpoint are "
+            "those last written")
+        os._exit(EXIT_INTERRUPTED)
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     in_main = _is_main_thread()
@@ -214,9 +355,9 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
         finishing = run_dir / "learner.finishing"
         finishing.unlink(missing_ok=True)
         learner_settings = pick(LearnerSettings, settings, worker_addresses=tuple(addresses),
-                                finishing_file=str(finishing))
+                                finishing_file=str(finishing), write_settings=False)
         learner = spawn("learner", "hetrl.learner.learner", learner_settings, run_dir, env,
-                        log_to_file=False)
+                        log_to_file=False, new_session=True)
         if settings.eval_every:
             evaluator = start_evaluator(Path(settings.out), settings.eval_episodes,
                                         settings.seed, run_dir, env)
@@ -225,7 +366,9 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
             finish_evaluations(evaluator, Path(settings.out), settings.shutdown_grace)
         return code
     except _Interrupted as exc:
-        print(f"\nhetrl: {exc} received; stopping all processes", file=sys.stderr)
+        say(f"{_signal_name(exc.signum)}: stopping; the learner saves its model and a "
+            "checkpoint first (Ctrl-C again to quit at once)")
+        _stop_learner_first(learner, exc.signum, settings.shutdown_grace)
         stop_all(children(), settings.shutdown_grace)
         if exc.signum == signal.SIGTERM and all(c.exit_code() == 0 for c in children()):
             # A stop (SageMaker's, a scheduler's) that every child honoured: the learner
@@ -233,7 +376,7 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
             return EXIT_OK
         return EXIT_INTERRUPTED
     except ChildFailedError as exc:
-        print(f"hetrl: {exc}", file=sys.stderr)
+        say(str(exc))
         stop_all(children(), settings.shutdown_grace)
         return EXIT_FAILED
     finally:
@@ -243,6 +386,35 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
         if in_main:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
+
+
+def _signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def _stop_learner_first(learner: Child | None, signum: int, grace: float) -> None:
+    """Pass the stop to the learner and give it `grace` s: it saves its model and a
+    checkpoint, then stops its workers itself (a Stop on each stream)."""
+    if learner is None or learner.exit_code() is not None:
+        return
+    learner.process.send_signal(signum)
+    try:
+        learner.process.wait(grace)
+    except subprocess.TimeoutExpired:
+        say(f"the learner did not stop within {grace:.0f} s (--shutdown-grace); ending it")
+
+
+def say(message: str) -> None:
+    """A launcher message on stderr, on a line of its own even while the learner's
+    progress bar is drawn on the same terminal."""
+    prefix = "\r\x1b[K" if sys.stderr.isatty() else ""
+    print(f"{prefix}hetrl: {message}", file=sys.stderr, flush=True)
 
 
 def _watch(workers: Supervisor, learner: Child, finishing: Path, grace: float) -> int:
@@ -263,7 +435,8 @@ def _watch(workers: Supervisor, learner: Child, finishing: Path, grace: float) -
         workers.poll(may_restart=training)
         time.sleep(0.1)
     if code != EXIT_OK:
-        raise ChildFailedError(f"the learner exited with code {code}; see its output above")
+        raise ChildFailedError(f"the learner exited with code {code}; its last lines are "
+                               "above")
     workers.finish(grace)
     return EXIT_OK
 

@@ -72,20 +72,23 @@ def child_environment(token: str) -> dict[str, str]:
 def spawn(
     name: str, module: str, settings: object, run_dir: Path, env: dict[str, str],
     log_to_file: bool = True, echo: TextIO | None = None, echo_prefix: str = "",
+    new_session: bool = False,
 ) -> Child:
     """Start `python -m module settings.json` with its output in run_dir/logs/name.log
-    (and each line, prefixed with `echo_prefix`, in `echo` too when given)."""
+    (and each line, prefixed with `echo_prefix`, in `echo` too when given). With
+    `new_session`, the child is out of the terminal's process group: a Ctrl-C reaches
+    only the launcher, which then stops its children in order."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = run_dir / f"{name}.json"
     config.write_text(to_json(settings))
     log_path = run_dir / "logs" / f"{name}.log" if log_to_file else None
     return spawn_command(name, [*PYTHON, "-m", module, str(config)], env, log_path,
-                         echo=echo, echo_prefix=echo_prefix)
+                         echo=echo, echo_prefix=echo_prefix, new_session=new_session)
 
 
 def spawn_command(
     name: str, command: list[str], env: dict[str, str], log_path: Path | None,
-    echo: TextIO | None = None, echo_prefix: str = "",
+    echo: TextIO | None = None, echo_prefix: str = "", new_session: bool = False,
 ) -> Child:
     """Start `command` with stdin closed and its output in log_path (None: inherited);
     with `echo`, its output is piped and each line also written there, prefixed."""
@@ -100,6 +103,7 @@ def spawn_command(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE if echo is not None else stdout,
         stderr=subprocess.STDOUT if (stdout or echo is not None) else None,
+        start_new_session=new_session,
     )
     if stdout is not None:
         stdout.close()
@@ -148,6 +152,13 @@ def stop_all(children: list[Child], grace: float) -> None:
     for child in children:  # their last lines reach the files before anyone reads them
         if child.log_pump is not None:
             child.log_pump.join(max(0.1, min(2.0, deadline - time.monotonic())))
+
+
+def kill_all(children: list[Child]) -> None:
+    """SIGKILL every running child now (a second Ctrl-C: nothing more is waited for)."""
+    for child in children:
+        if child.exit_code() is None:
+            child.process.kill()
 
 
 def wait_all(children: list[Child], timeout: float) -> bool:

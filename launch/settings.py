@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 import tyro
 
@@ -56,6 +56,9 @@ class LocalRunSettings:
     overwrite: bool = False
     """Start again in an --out that holds a previous hetrl run, deleting its outputs
     (hetrl never deletes a directory that no run of its wrote)."""
+    report: bool = True
+    """Write the run report (report/report.md and its plots) when training ends;
+    --no-report skips it (`hetrl report RUN` writes it later)."""
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
@@ -189,7 +192,11 @@ class EnjoySettings:
     """`hetrl enjoy RUN`: play a trained policy and print its returns (optionally film it)."""
 
     run: Annotated[str, tyro.conf.Positional]
-    """A run directory (or its model.safetensors); the env and network come from the model."""
+    """A run directory (an emulated job's folder works too) or a model file; the env and
+    network come from the model."""
+    which: Literal["best", "final"] = "best"
+    """The run's best policy (model-best.safetensors: by training return, or by evaluation
+    with --eval-every), or its final one; best falls back to final when the run kept none."""
     episodes: int = 10
     """Whole episodes to play."""
     deterministic: bool = False

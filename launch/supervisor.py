@@ -54,12 +54,15 @@ class Supervisor:
         echo_host: when given, each worker's lines also reach this process's stdout
             prefixed `[<echo_host> <name>-<index>]` (a cluster host's CloudWatch stream).
         say: where restarts and late exits are told (default: `hetrl: ...` on stderr).
+        new_session: start each worker out of the terminal's process group (see
+            launch.processes.spawn), so that only its launcher decides when it stops.
     """
 
     def __init__(self, settings_for: SettingsFor, run_dir: Path, env: dict[str, str], *,
                  name: str = "worker", echo_host: str | None = None,
-                 say: Callable[[str], None] = _to_stderr) -> None:
+                 say: Callable[[str], None] = _to_stderr, new_session: bool = False) -> None:
         self.settings_for, self.run_dir, self.env = settings_for, run_dir, env
+        self.new_session = new_session
         self.name, self.echo_host, self.say = name, echo_host, say
         self.workers: list[Child] = []
         """The current process of each worker (a restart replaces it in place)."""
@@ -74,9 +77,11 @@ class Supervisor:
         module = ("hetrl.rollout.env_server" if settings.inference == "central"
                   else "hetrl.rollout.worker")
         if self.echo_host is None:
-            return spawn(name, module, settings, self.run_dir, self.env)
+            return spawn(name, module, settings, self.run_dir, self.env,
+                         new_session=self.new_session)
         return spawn(name, module, settings, self.run_dir, self.env,
-                     echo=sys.__stdout__, echo_prefix=f"[{self.echo_host} {name}] ")
+                     echo=sys.__stdout__, echo_prefix=f"[{self.echo_host} {name}] ",
+                     new_session=self.new_session)
 
     def start(self, ports: Sequence[int]) -> None:
         """Spawn worker i on ports[i], without waiting for it to listen."""

@@ -39,6 +39,11 @@ from hetrl.rollout.fragments import STEP_FIELDS, ReceivedFragment
 
 log = logging.getLogger("hetrl.learner")
 
+# Dropped stale fragments are routine now and then (a worker descheduled for a moment);
+# past this share of the fragments, after this many, the run is told once.
+DROP_WARN_SHARE = 0.05
+DROP_WARN_AFTER = 100
+
 
 @dataclasses.dataclass
 class FragmentInfo:
@@ -151,6 +156,7 @@ class Batcher:
         self.global_step = 0
         self.episodes = 0
         self.dropped_lag = 0
+        self._warned_drops = False
         self.lag_histogram: collections.Counter[int] = collections.Counter()
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
 
@@ -372,8 +378,18 @@ class Batcher:
         self.lag_histogram[lag] += 1
         if lag > self._max_policy_lag:
             self.dropped_lag += 1
-            log.warning("dropped a fragment %d updates old (--max-policy-lag %d)",
-                        lag, self._max_policy_lag)
+            # Counted (summary, progress line); worth a warning once it is not rare.
+            log.debug("dropped a fragment %d updates old (--max-policy-lag %d)",
+                      lag, self._max_policy_lag)
+            taken = sum(self.lag_histogram.values())
+            if (not self._warned_drops and taken >= DROP_WARN_AFTER
+                    and self.dropped_lag > DROP_WARN_SHARE * taken):
+                self._warned_drops = True
+                log.warning("%d of %d fragments arrived more than --max-policy-lag %d "
+                            "updates late and were dropped: some workers are much slower "
+                            "than others (or stall); their experience is wasted. Give the "
+                            "slow ones fewer envs, or raise --max-policy-lag",
+                            self.dropped_lag, taken, self._max_policy_lag)
             return False
         if in_batch is not None:
             in_batch.add(id(stream))

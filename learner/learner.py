@@ -30,6 +30,7 @@ import torch
 from safetensors.numpy import save as safetensors_bytes
 
 from hetrl.learner.batcher import Batcher, ReadyBatch
+from hetrl.learner.best import BestPolicy
 from hetrl.learner.checkpoint import load_latest, save_checkpoint, write_atomic
 from hetrl.learner.connections import (
     StreamSpec,
@@ -46,7 +47,7 @@ from hetrl.learner.publisher import Publisher, weights_message
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.learner.utilisation import UtilisationSampler
 from hetrl.rollout.envs import action_dtype, describe_env
-from hetrl.rollout.errors import HetrlError, NonFiniteError, OutputError
+from hetrl.rollout.errors import ConfigError, HetrlError, NonFiniteError, OutputError
 from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
 from hetrl.rollout.lifetime import start_child
@@ -141,6 +142,8 @@ class Learner:
             self.books.restore(path, totals)
         self._stop_reason: str | None = None
         self.evals = PeriodicEval(self.out, settings.eval_every, settings)
+        # The best policy by training return (with --eval-every the evaluator keeps it).
+        self.best = BestPolicy(self.out, enabled=not settings.eval_every)
 
     @property
     def extra_metrics(self) -> Callable[[], dict[str, float]] | None:
@@ -175,7 +178,19 @@ class Learner:
             log.info("no checkpoint in %s; starting fresh", self.checkpoint_dir)
             return None
         path, state = found
-        self.policy.load_state_dict(state["policy"])
+        saved_env = state.get("env")
+        if saved_env is not None and saved_env != self.settings.env:
+            raise ConfigError(f"--resume: the checkpoint {path} is of env {saved_env}, this "
+                              f"run's is {self.settings.env}; resume with --env {saved_env}, "
+                              "or point --checkpoint-dir / --out elsewhere")
+        try:
+            self.policy.load_state_dict(state["policy"])
+        except RuntimeError as exc:  # shapes differ: another network or observation space
+            first = str(exc).strip().splitlines()[-1].strip()
+            raise ConfigError(f"--resume: the checkpoint {path} holds another network than "
+                              f"these settings build ({first}); resume with the run's own "
+                              "--hidden-sizes / --policy, or point --checkpoint-dir / --out "
+                              "elsewhere") from exc
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["policy_version"])
         log.info("resumed from %s at step %d (policy version %d)",
@@ -198,7 +213,10 @@ class Learner:
         return path
 
     def request_stop(self, reason: str) -> None:
-        self._stop_reason = reason
+        """Stop training at the next batch; the first reason given is the one recorded
+        (a launcher's SIGTERM after the user's Ctrl-C does not rename the stop)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of the state dict on the device that later updates cannot change."""
@@ -208,7 +226,8 @@ class Learner:
     def run(self) -> int:
         s = self.settings
         self.out.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.out / "settings.json", to_json(s).encode())
+        if s.write_settings:
+            write_atomic(self.out / "settings.json", to_json(s).encode())
         metrics = self.books.open()
         if self.inference is not None:
             self.inference.start()
@@ -246,7 +265,8 @@ class Learner:
             failed = self._save_outputs(periodic=False)
             not_stopped = self._stop_workers(outcome)
             try:
-                self.books.write_summary(outcome, self.version, not_stopped)
+                self.books.write_summary(outcome, self.version, not_stopped,
+                                         best=self.best.summary())
             except OutputError as exc:
                 log.error("%s", exc)
                 failed = True
@@ -261,10 +281,11 @@ class Learner:
         goes on after a periodic failure (the model on disk is then the last one that
         fitted); a failure at the end makes the run's exit code 1."""
         failed = False
-        for what, write in (("model", self._save_model), ("checkpoint", self.checkpoint)):
+        for what, write in (("model", self._save_model), ("checkpoint", self.checkpoint),
+                            ("best policy", self._save_best)):
             try:
                 path = write()
-                if not periodic:
+                if not periodic and path is not None:
                     log.info("%s %s written", what, path)
             except OutputError as exc:
                 failed = True
@@ -306,6 +327,8 @@ class Learner:
                 self.version += 1
                 self._good_state = self._snapshot()
                 self.publisher.offer(self.version, self._good_state)
+                self.best.offer(self._good_state, self.batcher.recent_returns,
+                                self.global_step, self.version)
         finally:
             # Credits held back for this update go out after its weights.
             for stream, generation in self.batcher.update_done(self.version):
@@ -356,12 +379,24 @@ class Learner:
 
     def _save_model(self) -> Path:
         data = safetensors_bytes(policy_arrays(self.policy), metadata={
-            **model_metadata(self.settings),  # load_policy(run) needs nothing else
-            "env": self.settings.env,
+            **self._model_metadata(),
             "policy_version": str(self.version),
             "global_step": str(self.global_step),
         })
         return write_atomic(self.out / "model.safetensors", data)
+
+    def _save_best(self) -> Path | None:
+        return self.best.write(self._model_metadata())
+
+    def _model_metadata(self) -> dict[str, str]:
+        # load_policy(run) needs nothing else
+        return {**model_metadata(self.settings), "env": self.settings.env}
+
+
+def stop_reason(signum: int) -> str:
+    """How a stop by signal reads in the summary: SIGINT is the user's Ctrl-C."""
+    name = signal.Signals(signum).name
+    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else f"signal {name}"
 
 
 def run_learner(settings: LearnerSettings, token: str | None = None) -> int:
@@ -369,7 +404,7 @@ def run_learner(settings: LearnerSettings, token: str | None = None) -> int:
     learner = Learner(settings, token or token_from_env())
 
     def on_signal(signum, _frame):
-        learner.request_stop(f"signal {signal.Signals(signum).name}")
+        learner.request_stop(stop_reason(signum))
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)

@@ -23,10 +23,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hetrl.learner.connections import stream_counters
 from hetrl.learner.verdict import judge
@@ -127,6 +128,7 @@ class MetricsWriter:
         self._last_progress = 0.0
         self._tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
         self._bar: tqdm | None = None  # on a terminal, made at the first progress call
+        self._redirect: Any = None  # logging through tqdm.write while the bar shows
 
     def _give_up(self, sink: str, path: Path, exc: BaseException) -> None:
         """Drop one sink for the rest of the run, with one warning."""
@@ -178,6 +180,9 @@ class MetricsWriter:
             if self._bar is None:
                 self._bar = tqdm(total=total, initial=0, unit="step", unit_scale=True,
                                  dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
+                # Log lines go above the bar, never glued to it.
+                self._redirect = logging_redirect_tqdm()
+                self._redirect.__enter__()
             self._bar.update(max(0, min(step, total) - self._bar.n))
             self._bar.set_postfix(fields, refresh=False)
             return
@@ -205,6 +210,8 @@ class MetricsWriter:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            if self._redirect is not None:
+                self._redirect.__exit__(None, None, None)
         if self._wandb is not None:
             self._wandb.finish()
         for sink, path in (("_tb", self._tb_path), ("_jsonl", self._jsonl_path)):
@@ -251,6 +258,10 @@ class RunBooks:
         self.counters_before: dict[str, int] = {}
         self.stall_before = 0.0
         self._session_start: float | None = None
+        # Clock times (Unix seconds) a launcher reads to split its command's wall time
+        # into start-up (until the first update), training and stop.
+        self.opened_unix: float | None = None
+        self.first_update_unix: float | None = None
 
     # -- across resumes ----------------------------------------------------------
     def restore(self, checkpoint: str, totals: dict) -> None:
@@ -320,6 +331,7 @@ class RunBooks:
         self.metrics = MetricsWriter(self.out, progress=s.progress, wall_offset=self.wall_before,
                                      settings=dataclasses.asdict(s), track=track)
         self._session_start = time.monotonic()
+        self.opened_unix = time.time()
         return self.metrics
 
     def waited(self, seconds: float) -> None:
@@ -351,6 +363,8 @@ class RunBooks:
         `stats`, then the run's rates, lag, busy fractions and returns; show progress."""
         assert self.metrics is not None, "open() first"
         books, metrics = self.batcher, self.metrics
+        if self.first_update_unix is None:
+            self.first_update_unix = time.time()
         self.train_seconds += train_seconds
         infos = ready.infos
         collect = sum(f.collect_seconds for f in infos)
@@ -392,8 +406,10 @@ class RunBooks:
             "dropped": str(books.dropped_lag)})
 
     # -- at the end ----------------------------------------------------------------
-    def write_summary(self, outcome: str, version: int, not_stopped: list[str]) -> None:
-        """Write summary.json with the verdict, and log both.
+    def write_summary(self, outcome: str, version: int, not_stopped: list[str],
+                      best: dict | None = None) -> None:
+        """Write summary.json with the verdict, and log both; `best`: the best policy
+        kept so far (learner/best.py), if any.
 
         Raises:
             OutputError: summary.json could not be written (a full disk).
@@ -430,6 +446,10 @@ class RunBooks:
             "stalled_seconds": round(stalled, 2),
             "fragments_lost_in_flight": sum(w["fragments_in_flight"]
                                             for w in self.workers_lost),
+            "best": best,
+            "opened_unix": self.opened_unix,
+            "first_update_unix": self.first_update_unix,
+            "ended_unix": time.time(),
         }
         if self.summary_extras is not None:
             summary.update(self.summary_extras())
@@ -440,9 +460,12 @@ class RunBooks:
         summary["verdict"] = verdict.kind
         summary["verdict_text"] = verdict.text
         write_atomic(self.out / "summary.json", json.dumps(summary, indent=2).encode())
-        _learner_log.info("%s: %s steps in %.1f s, mean return(100) %s", outcome,
+        mean = summary["mean_return_100"]
+        best_text = (f"; best {best['mean_return']:,.1f} at step {best['global_step']:,} "
+                     f"(by {best['chosen_by']}, {Path(best['path']).name})" if best else "")
+        _learner_log.info("%s: %s steps in %.1f s, mean return(100) %s%s", outcome,
                           f"{books.global_step:,}", self.metrics.wall_seconds,
-                          summary["mean_return_100"])
+                          "-" if mean is None else f"{mean:,.1f}", best_text)
         _learner_log.info("bottleneck: %s", verdict.text)
 
     def close(self) -> None:

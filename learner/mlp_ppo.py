@@ -154,6 +154,7 @@ class MLPMinibatchSteps:
         b_logprobs, b_adv, b_returns = logprobs.numpy(), advantages.numpy(), returns.numpy()
         clipfrac_sum, minibatches = 0.0, 0
         last: dict[str, float] = {}
+        norm, actor_square = 0.0, 0.0
         with _blas_threads(torch.get_num_threads()):
             for _ in range(cfg.epochs):
                 order = torch.randperm(size).numpy()
@@ -163,16 +164,24 @@ class MLPMinibatchSteps:
                                            b_adv[mb], b_returns[mb])
                     clipfrac_sum += last.pop("clipfrac")
                     minibatches += 1
-                    self._clip_gradient_norm()
+                    norm, actor_square = self._clip_gradient_norm()
                     self.optimizer.step()
         stats: dict[str, torch.Tensor | float] = {f"losses/{k}": v for k, v in last.items()}
         stats["losses/clipfrac"] = clipfrac_sum / max(minibatches, 1)
+        if minibatches:
+            stats.update(gradient_stats(norm, actor_square))
         return stats
 
-    def _clip_gradient_norm(self) -> None:
-        # As nn.utils.clip_grad_norm_: always scaled, by at most 1.
+    def _clip_gradient_norm(self) -> tuple[float, float]:
+        """Clip as nn.utils.clip_grad_norm_ does (always scaled, by at most 1); return
+        the norm before the clip and the actor's part of its square."""
         norm = math.sqrt(float(np.dot(self.grad, self.grad)))
+        actor = sum(float(np.dot(g.ravel(), g.ravel())) for layer in self.actor
+                    for g in (layer.weight_grad, layer.bias_grad))
+        if self.log_std_grad is not None:
+            actor += float(np.dot(self.log_std_grad, self.log_std_grad))
         self.grad *= np.float32(min(self.cfg.max_grad_norm / (norm + 1e-6), 1.0))
+        return norm, actor
 
     def _gradients(self, obs: np.ndarray, actions: np.ndarray, old_logp: np.ndarray,
                    adv: np.ndarray, returns: np.ndarray) -> dict[str, float]:
@@ -235,6 +244,17 @@ class MLPMinibatchSteps:
             "approx_kl": float(((ratio - 1) - logratio).mean()),
             "clipfrac": float((np.abs(ratio - 1) > cfg.clip_coef).mean()),
         }
+
+
+def gradient_stats(norm: torch.Tensor | float, actor_square: torch.Tensor | float | None
+                   ) -> dict[str, torch.Tensor | float]:
+    """The last minibatch's gradient norm before the clip, and the actor's share of its
+    square: a critic whose loss dominates the norm leaves the policy a small step once
+    --max-grad-norm scales the whole gradient down."""
+    stats: dict[str, torch.Tensor | float] = {"losses/grad_norm": norm}
+    if actor_square is not None:
+        stats["losses/actor_grad_share"] = actor_square / (norm * norm + 1e-12)
+    return stats
 
 
 _controller = None

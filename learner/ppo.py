@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetrl.learner.mlp_ppo import MLPMinibatchSteps
+from hetrl.learner.mlp_ppo import MLPMinibatchSteps, gradient_stats
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.settings import TrainSettings
 from hetrl.learner.vtrace import vtrace
@@ -152,6 +152,8 @@ def _autograd_minibatches(
     clipfrac_sum = torch.zeros((), device=b_obs.device)
     # What the optimizer steps (PolicyAdam: one flat tensor), not walked per minibatch.
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    actor = policy.actor_parameters()
+    actor_square = grad_norm = None
     minibatch_count = 0
     for _ in range(cfg.epochs):
         b_inds = torch.randperm(size, device=b_obs.device)
@@ -178,7 +180,10 @@ def _autograd_minibatches(
 
             optimizer.zero_grad()
             loss.backward()
-            nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            if actor is not None:
+                actor_square = torch.stack([p.grad.square().sum() for p in actor
+                                            if p.grad is not None]).sum()
+            grad_norm = nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
 
     # The last minibatch's statistics, as CleanRL reports them (`dist` and `logratio`
@@ -193,4 +198,7 @@ def _autograd_minibatches(
                 "losses/approx_kl": ((ratio - 1) - logratio).mean(),
             }
     stats["losses/clipfrac"] = clipfrac_sum / max(minibatch_count, 1)
+    if grad_norm is not None:
+        stats.update(gradient_stats(grad_norm, actor_square))
     return stats
+

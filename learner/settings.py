@@ -72,10 +72,10 @@ class TrainSettings:
     """Value loss coefficient."""
     max_grad_norm: float = 0.5
     """Gradient norm clip."""
-    advantages: Literal["vtrace", "gae"] = "vtrace"
-    """Policy-gradient advantage: vtrace is IMPALA's r + gamma * vs' - V (a full one-step
-    return past the first step); gae is vs - V, which on-policy is GAE(--gae-lambda),
-    what PPO uses (lower variance), still trace-corrected for policy lag."""
+    advantages: Literal["vtrace", "gae"] = "gae"
+    """Policy-gradient advantage: gae is vs - V, which on-policy is GAE(--gae-lambda),
+    what PPO uses, still trace-corrected for policy lag; vtrace is IMPALA's
+    r + gamma * vs' - V (a full one-step return past the first step: more variance)."""
     vtrace_rho_clip: float = 1.0
     """V-trace clip of importance weights in the value targets (rho bar)."""
     vtrace_c_clip: float = 1.0
@@ -206,6 +206,9 @@ class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSett
     connect_timeout: float = 120.0
     """Seconds to keep retrying a worker that is not reachable yet (names resolving late,
     workers starting) before giving up on it."""
+    write_settings: bool = True
+    """Write these settings to <out>/settings.json; a launcher that writes its whole
+    command's settings there instead (workers, envs per worker, ...) turns this off."""
 
     def __post_init__(self) -> None:
         self.worker_addresses = tuple(self.worker_addresses)

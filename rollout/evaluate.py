@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+import re
 import signal
 import threading
 from pathlib import Path
@@ -24,12 +26,19 @@ import numpy as np
 import torch
 from gymnasium.wrappers import RecordVideo
 from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from hetrl.rollout.envs import describe_env, env_spec
 from hetrl.rollout.errors import ConfigError, HetrlError
 from hetrl.rollout.exits import EXIT_FAILED
 from hetrl.rollout.lifetime import start_child
-from hetrl.rollout.policy import Policy, load_policy_arrays
+from hetrl.rollout.models import (
+    BEST_CHOSEN_BY_EVALUATION,
+    BEST_MODEL_FILE,
+    best_info,
+    model_file,
+)
+from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.settings import (
     RESULTS_FILE,
     SNAPSHOT_GLOB,
@@ -41,7 +50,6 @@ from hetrl.rollout.settings import (
 
 log = logging.getLogger("hetrl.evaluate")
 
-MODEL_FILE = "model.safetensors"
 SETTINGS_KEY = "settings"  # safetensors metadata: the env and policy settings, as JSON
 
 
@@ -106,18 +114,32 @@ def _build(cls: type, values: dict[str, Any]):
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def load_policy(run: str | Path) -> TrainedPolicy:
-    """Load a run's trained policy: `run` is the run directory or its model file.
+def describe_model(trained: TrainedPolicy) -> str:
+    """Which policy this is, in a few words: 'the best policy (mean return 500.0 at step
+    139,264, by training return)' or 'the final policy (step 300,032)'."""
+    meta = trained.metadata
+    step = int(meta.get("global_step", 0))
+    if "best_mean_return" in meta:
+        return (f"the best policy (mean return {float(meta['best_mean_return']):,.1f} at "
+                f"step {step:,}, by {meta.get('best_chosen_by', 'training return')})")
+    return f"the final policy (step {step:,})"
+
+
+def load_policy(run: str | Path, which: str = "final") -> TrainedPolicy:
+    """Load a run's trained policy.
+
+    Args:
+        run: the run directory (an emulated job's folder works too) or a model file.
+        which: "final" (model.safetensors, where training ended) or "best"
+            (model-best.safetensors: the best the run saw, by its training return, or
+            by evaluation with --eval-every).
 
     Raises:
-        ConfigError: no model there, or it does not fit the network its settings describe.
+        ConfigError: no such model there, or it does not fit the network its settings
+            describe.
         EnvError: the env it was trained on cannot be made here.
     """
-    path = Path(run)
-    model = path / MODEL_FILE if path.is_dir() else path
-    if not model.is_file():
-        raise ConfigError(f"no {MODEL_FILE} in {path}: give a run directory (runs/<name>) "
-                          "or the model file itself")
+    model = model_file(run, which)
     with safe_open(str(model), framework="numpy") as f:
         metadata = dict(f.metadata() or {})
         arrays = {name: f.get_tensor(name) for name in f.keys()}
@@ -170,8 +192,10 @@ def evaluate(
     env = _make_env(trained.env, video_dir is not None)
     if video_dir is not None:
         try:
+            # gymnasium names the files <prefix>-episode-<i>.mp4
+            prefix = re.sub(r"[^A-Za-z0-9._-]+", "-", trained.env.env).strip("-.") or "env"
             env = RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
-                              name_prefix="episode", disable_logger=True)
+                              name_prefix=prefix, disable_logger=True)
         except gym.error.DependencyNotInstalled as exc:
             env.close()
             raise ConfigError(f"--video needs moviepy: pip install 'hetrl[video]' ({exc})") \
@@ -223,6 +247,10 @@ def run_evaluator(settings: EvaluatorSettings, stop: threading.Event | None = No
     stop = stop or threading.Event()
     folder = Path(settings.eval_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    best_path = folder.parent / BEST_MODEL_FILE
+    previous = best_info(best_path)
+    best = (previous["mean_return"] if previous is not None
+            and previous["chosen_by"] == BEST_CHOSEN_BY_EVALUATION else -math.inf)
     while not stop.is_set():
         snapshots = sorted(folder.glob(SNAPSHOT_GLOB))
         if not snapshots:
@@ -240,9 +268,25 @@ def run_evaluator(settings: EvaluatorSettings, stop: threading.Event | None = No
                   "episodes": len(result.returns)}
         with (folder / RESULTS_FILE).open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if result.mean_return > best:  # ties keep the earlier policy
+            best = result.mean_return
+            _keep_best(trained, best_path, result.mean_return)
         newest.unlink(missing_ok=True)
         log.info("evaluated step %d: %s", record["global_step"], result.summary())
     return 0
+
+
+def _keep_best(trained: TrainedPolicy, path: Path, mean_return: float) -> None:
+    """Write the policy just evaluated as the run's best (whole or not at all)."""
+    metadata = {**trained.metadata, "best_mean_return": repr(mean_return),
+                "best_chosen_by": BEST_CHOSEN_BY_EVALUATION}
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        save_file(policy_arrays(trained.policy), str(tmp), metadata=metadata)
+        tmp.replace(path)
+    except OSError as exc:  # the evaluation is recorded; only the copy is missing
+        tmp.unlink(missing_ok=True)
+        log.warning("could not keep the best policy in %s: %s", path, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

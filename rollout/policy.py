@@ -126,6 +126,15 @@ class Policy(nn.Module):
             self._bounded = bool(np.all(np.isfinite(low)) and np.all(np.isfinite(high)))
             self._low, self._high = low.astype(np.float32), high.astype(np.float32)
 
+    def actor_parameters(self) -> list[nn.Parameter] | None:
+        """The parameters that shape the action distribution alone (the built-in MLP's
+        actor and the Gaussian's log-std), for the actor's share of the gradient; None
+        for a custom --policy, whose parts hetrl cannot tell apart."""
+        if not isinstance(self.net, MLPActorCritic):
+            return None
+        extra = [self.log_std] if hasattr(self, "log_std") else []
+        return [*self.net.actor.parameters(), *extra]
+
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
         """Observations as the network sees them: float, scaled or normalized."""
         if self.scale_uint8:

@@ -101,9 +101,11 @@ class RolloutSettings:
     ships one (CartPole does) and sync otherwise; async runs one subprocess per env."""
     worker_torch_threads: int = 1
     """Torch CPU threads per worker; one is right when a worker gets one core."""
-    normalize_rewards: bool = False
+    normalize_rewards: bool = True
     """Train on rewards divided by the running std of each worker's discounted returns
-    (then clipped to +-reward_clip); reported episode returns stay raw."""
+    (then clipped to +-reward_clip); reported episode returns stay raw. It keeps the
+    critic's loss near 1 whatever the reward scale: on raw returns (CartPole's reach
+    ~100) that loss dominates the gradient-norm clip and starves the policy's step."""
     reward_clip: float = 10.0
     """Clip of normalised rewards (with --normalize-rewards); 0: no clip."""
     reward_norm_gamma: float = 0.99

@@ -52,7 +52,7 @@ def test_overwrite_never_deletes_what_hetrl_did_not_write(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("out", ["/dev/null/x", "/proc/forbidden"])
 def test_unusable_out_is_a_clear_error_naming_the_flag(out: str) -> None:
-    proc = hetrl("local", "--out", out, "--total-steps", "100")
+    proc = hetrl("local", "--out", out, "--total-steps", "2048")
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2, output
     assert f"--out {out}: cannot create or write" in output
@@ -61,7 +61,7 @@ def test_unusable_out_is_a_clear_error_naming_the_flag(out: str) -> None:
 
 def test_used_out_through_the_cli(tmp_path: Path) -> None:
     _finished_run(tmp_path / "run")
-    proc = hetrl("local", "--out", str(tmp_path / "run"), "--total-steps", "100")
+    proc = hetrl("local", "--out", str(tmp_path / "run"), "--total-steps", "2048")
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "--resume" in output and "--overwrite" in output, output
     assert not (tmp_path / "run" / "launch").exists()  # nothing was spawned
@@ -83,7 +83,7 @@ def test_hints_name_the_commands_own_help() -> None:
 
 
 def test_config_file_sets_defaults_and_flags_override(tmp_path: Path) -> None:
-    from hetrl.launch.cli import config_values
+    from hetrl.launch.config import config_values
 
     run = tmp_path / "run"
     run.mkdir()
@@ -115,7 +115,7 @@ def test_track_without_wandb_says_how_to_get_it(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.modules['wandb'] = None; "
          "from hetrl.launch.cli import main; sys.exit(main())",
-         "local", "--track", "--out", str(tmp_path / "run"), "--total-steps", "100"],
+         "local", "--track", "--out", str(tmp_path / "run"), "--total-steps", "2048"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "pip install 'hetrl[track]'" in output, output

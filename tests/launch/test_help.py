@@ -89,8 +89,7 @@ def test_a_default_a_preset_replaces_names_the_presets(command: str, capsys,
     assert flags["--learning-rate"].endswith(
         "(default: 0.001; presets: continuous 0.0003, atari 0.00025)")
     assert flags["--fragment-length"].endswith("(default: 64; presets: atari 128)")
-    assert flags["--normalize-rewards"].endswith("(default: False; presets: continuous True)")
-    assert flags["--advantages"].endswith("(default: vtrace; presets: continuous gae, atari gae)")
+    assert flags["--normalize-rewards"].endswith("(default: True; presets: atari False)")
     # continuous sets fragments_per_batch to its shipped default: nothing to say
     assert flags["--fragments-per-batch"].endswith("(default: auto)")
     set_by_a_preset = {f"--{name.replace('_', '-')}" for values in PRESETS.values()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -118,6 +119,87 @@ def test_ctrl_c_stops_every_process(tmp_path: Path, to_group: bool) -> None:
     assert proc.returncode == 130, output
     wait_for(lambda: processes_mentioning(str(out)) == [], timeout=30, what="children to exit")
     assert (out / "model.safetensors").exists()  # the learner saved what it had
+
+
+def _start_logged(out: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
+    """A long `hetrl local` run whose output (both streams) goes to a file we can poll."""
+    import os
+    import sys
+
+    from tests.helpers import ROOT
+
+    log = out.parent / f"{out.name}.log"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetrl.launch", "local", "--total-steps", "100000000",
+         "--out", str(out), "--workers", "2", "--no-progress", *extra],
+        cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=log.open("w"),
+        stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for(lambda: (out / "metrics.jsonl").exists()
+             and (out / "metrics.jsonl").read_text().count("\n") >= 2,
+             timeout=120, what="training to start")
+    return proc, log
+
+
+def test_ctrl_c_says_what_it_does_names_itself_and_how_to_resume(tmp_path: Path) -> None:
+    out = tmp_path / "int"
+    proc, log = _start_logged(out)
+    import os
+
+    os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C
+    assert proc.wait(60) == 130
+    output = log.read_text()
+    assert "hetrl: Ctrl-C: stopping; the learner saves its model and a checkpoint" in output
+    assert "Traceback" not in output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outcome"] == "stopped: Ctrl-C (SIGINT)"
+    assert summary["workers_lost"] == []  # the workers were stopped by the learner, in order
+    assert output.rstrip().splitlines()[-1] == (
+        f"hetrl: to continue this run: hetrl local --out {out} --resume")
+    wait_for(lambda: processes_mentioning(str(out)) == [], timeout=30, what="children to exit")
+
+
+def test_a_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path: Path) -> None:
+    out = tmp_path / "int2"
+    # The learner takes its time to stop: a frozen learner never would.
+    proc, log = _start_logged(out, "--shutdown-grace", "60")
+    import os
+
+    learner = processes_mentioning(str(out / "launch" / "learner.json"))[0]
+    os.kill(learner, signal.SIGSTOP)
+    os.killpg(proc.pid, signal.SIGINT)
+    wait_for(lambda: "Ctrl-C: stopping" in log.read_text(), 30, "the first Ctrl-C's line")
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(30) == 130
+    assert time.monotonic() - sent < 10
+    output = log.read_text()
+    assert "Ctrl-C again: stopped at once" in output and "Traceback" not in output, output
+    wait_for(lambda: processes_mentioning(str(out)) == [], timeout=30, what="children to exit")
+
+
+def test_a_batch_bigger_than_the_budget_is_refused_before_anything_starts(
+        tmp_path: Path) -> None:
+    proc = hetrl("local", "--envs-per-worker", "1000", "--total-steps", "100000",
+                 "--out", str(tmp_path / "big"))
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, output
+    assert "one training batch holds 128,000 env steps" in output
+    assert "lower --envs-per-worker or --fragment-length" in output
+    assert not (tmp_path / "big").exists()
+
+
+def test_a_run_says_where_its_time_went(tmp_path: Path) -> None:
+    result = run_local(env="CartPole-v1", workers=1, envs_per_worker=4, fragment_length=32,
+                       total_steps=4096, out=str(tmp_path / "t"), progress=False, report=False)
+    assert result.ok
+    timing = result.summary["timing"]
+    parts = [timing[k] for k in ("startup_seconds", "training_seconds", "stop_seconds")]
+    assert all(p is not None and p >= 0 for p in parts), timing
+    assert sum(parts) == pytest.approx(timing["command_seconds"], abs=0.5)
+    assert not (result.out / "report").exists()  # --no-report
+    first = result.outcome_lines()[0]
+    assert first.startswith("finished in ") and "start-up" in first and "training" in first
 
 
 def test_crashing_worker_stops_everything(tmp_path: Path) -> None:

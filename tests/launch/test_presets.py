@@ -60,11 +60,11 @@ def test_the_continuous_batch_is_ppos_2048_steps_locally_and_grows_with_the_clus
 
 def test_given_settings_win_over_the_preset() -> None:
     # learning_rate given at its shipped default still wins: it was given.
-    given = LocalSettings(env="Hopper-v5", learning_rate=1e-3, epochs=3, normalize_rewards=False)
-    settings, line = apply_preset(given, {"learning_rate", "epochs", "normalize_rewards"})
-    assert (settings.learning_rate, settings.epochs, settings.normalize_rewards) == (1e-3, 3, False)
-    assert settings.minibatches == 32 and settings.advantages == "gae"  # from the preset
-    assert "yours kept: epochs, learning_rate, normalize_rewards" in line
+    given = LocalSettings(env="Hopper-v5", learning_rate=1e-3, epochs=3, credits_per_worker=2)
+    settings, line = apply_preset(given, {"learning_rate", "epochs", "credits_per_worker"})
+    assert (settings.learning_rate, settings.epochs, settings.credits_per_worker) == (1e-3, 3, 2)
+    assert settings.minibatches == 32  # from the preset
+    assert "yours kept: credits_per_worker, epochs, learning_rate" in line
 
 
 def test_a_settings_object_keeps_what_differs_from_the_shipped_defaults() -> None:
@@ -111,7 +111,7 @@ def test_cli_prints_the_preset_and_records_it(tmp_path: Path) -> None:
     assert recorded["learning_rate"] == 1e-3 and recorded["epochs"] == 10
     assert recorded["advantages"] == "gae"
     worker = json.loads((out / "launch" / "worker-0.json").read_text())
-    assert worker["normalize_rewards"] is True  # a worker's setting, from the preset too
+    assert worker["normalize_rewards"] is True  # a worker's setting, shipped on
 
 
 def test_job_hyperparameters_and_flags_win_over_the_preset() -> None:

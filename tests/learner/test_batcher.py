@@ -276,7 +276,7 @@ def test_auto_fragments_per_batch_keeps_lag_near_two() -> None:
 def test_fragments_per_batch_through_cli_json_and_hyperparameters(value, tmp_path) -> None:
     import json
 
-    from hetrl.launch.cli import config_values
+    from hetrl.launch.config import config_values
 
     args = ["--worker-addresses", "h:1", "--fragments-per-batch", str(value)]
     from_cli = tyro.cli(LearnerSettings, args=args)

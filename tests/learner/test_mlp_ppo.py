@@ -89,7 +89,7 @@ def test_numpy_gradients_are_autograds_step_by_step(kind: str, activation: str,
     assert 0 < clipfrac < 1, "the batch should clip some ratios and not others"
 
 
-@pytest.mark.parametrize("hidden", [(), (32,), (64, 64, 16)])
+@pytest.mark.parametrize("hidden", [(32,), (64, 64, 16)])  # () is refused: no linear policy
 @pytest.mark.parametrize("minibatches", [1, 7, 30])  # 30 > 24 steps: minibatches of one
 def test_numpy_gradients_hold_for_any_depth_and_minibatch_size(hidden: tuple[int, ...],
                                                                minibatches: int) -> None:

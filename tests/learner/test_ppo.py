@@ -29,6 +29,7 @@ from tests.learner.test_vtrace import random_fragment, reference_vtrace
 
 T, N = 6, 4
 CFG = TrainSettings(epochs=1, minibatches=1, clip_coef=0.2, ent_coef=0.01, vf_coef=0.5,
+                    advantages="vtrace",
                     max_grad_norm=0.5, gamma=0.9, gae_lambda=0.8, vtrace_rho_clip=1.0,
                     vtrace_c_clip=1.0, reward_scale=0.5)
 SPACES = {
@@ -92,7 +93,10 @@ def reference_update(policy: Policy, optimizer, batch: Batch, cfg: TrainSettings
     pg_loss, v_loss, entropy = (torch.stack(x).mean() for x in (pg, vf, ent))
     optimizer.zero_grad()
     (pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss).backward()
-    nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+    actor_names = ("net.actor.", "log_std")
+    actor_square = sum(p.grad.square().sum().item() for name, p in policy.named_parameters()
+                       if name.startswith(actor_names))
+    grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm).item()
     optimizer.step()
     old = np.array([values[t, i].item() for t, i in steps])
     returns = np.array([vs[t, i].item() for t, i in steps])
@@ -104,6 +108,8 @@ def reference_update(policy: Policy, optimizer, batch: Batch, cfg: TrainSettings
         "losses/clipfrac": clipped / len(steps),
         "losses/explained_variance": 1 - np.var(returns - old) / np.var(returns),
         "charts/samples_trained": float(len(steps)),
+        "losses/grad_norm": grad_norm,
+        "losses/actor_grad_share": actor_square / grad_norm**2,
     }
 
 

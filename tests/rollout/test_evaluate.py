@@ -55,7 +55,8 @@ def test_enjoy_prints_returns_and_records_real_videos(small_run: Path, tmp_path:
     assert proc.returncode == 0, output
     assert "2 episodes: return" in output and "±" in output
     files = sorted(videos.glob("*.mp4"))
-    assert len(files) == 2, output
+    assert [f.name for f in files] == ["CartPole-v1-episode-0.mp4",
+                                       "CartPole-v1-episode-1.mp4"], output
     import cv2
 
     capture = cv2.VideoCapture(str(files[0]))
@@ -64,6 +65,41 @@ def test_enjoy_prints_returns_and_records_real_videos(small_run: Path, tmp_path:
         frames += 1
     capture.release()
     assert frames >= 5  # a real video with the episode's frames in it
+
+
+def test_a_run_keeps_its_best_policy_and_enjoy_plays_it(small_run: Path) -> None:
+    """CartPole's random episodes (~20 steps) give 100 of them early on: from then the
+    learner keeps the weights whenever the mean of the last 100 beats its best."""
+    summary = json.loads((small_run / "summary.json").read_text())
+    best = summary["best"]
+    assert best["chosen_by"] == "training return" and best["mean_return"] > 0
+    assert 0 < best["global_step"] <= summary["global_step"]
+    metrics = [json.loads(line)
+               for line in (small_run / "metrics.jsonl").read_text().splitlines()]
+    at_best = [m for m in metrics if m["global_step"] == best["global_step"]]
+    assert at_best and at_best[0]["charts/mean_return_100"] == pytest.approx(best["mean_return"])
+    # The best is never beaten later on (ties keep the earlier policy).
+    assert max(m["charts/mean_return_100"] for m in metrics
+               if m["charts/episodes"] >= 100) == pytest.approx(best["mean_return"])
+    trained = load_policy(small_run, "best")
+    assert float(trained.metadata["best_mean_return"]) == pytest.approx(best["mean_return"])
+    proc = hetrl("enjoy", str(small_run), "--episodes", "1")
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0 and "the best policy (mean return" in output, output
+    proc = hetrl("enjoy", str(small_run), "--episodes", "1", "--which", "final")
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0 and "the final policy (step" in output, output
+
+
+def test_an_emulated_jobs_folder_is_enough_to_find_its_model(small_run: Path,
+                                                             tmp_path: Path) -> None:
+    import shutil
+
+    model = tmp_path / "job" / "hosts" / "algo-2" / "model"
+    shutil.copytree(small_run, model)
+    trained = load_policy(tmp_path / "job")
+    assert trained.settings.hidden_sizes == (32, 16)
+    assert load_policy(tmp_path / "job", "best").metadata["best_chosen_by"]
 
 
 def test_enjoy_without_a_model_says_what_to_give(tmp_path: Path) -> None:
@@ -82,6 +118,13 @@ def test_periodic_evaluation_runs_beside_training_and_reaches_the_report(tmp_pat
     assert evals and evals[-1]["global_step"] >= 6144  # the final policy was evaluated
     assert all(e["episodes"] == 2 and e["eval_return"] >= 1 for e in evals)
     assert not list((result.out / "eval").glob("step-*.safetensors"))
+    # With evaluations on, the evaluator keeps the best: the first best-scoring snapshot.
+    top = max(e["eval_return"] for e in evals)
+    first_top = next(e for e in evals if e["eval_return"] == top)
+    assert result.summary["best"]["chosen_by"] == "evaluation"
+    assert result.summary["best"]["mean_return"] == pytest.approx(top)
+    assert load_policy(result.out, "best").metadata["global_step"] == str(
+        first_top["global_step"])
     report = (result.out / "report" / "report.md").read_text()
     assert "evaluation return at the end (deterministic)" in report
     assert processes_mentioning(str(result.out)) == []  # the evaluator stopped too
