@@ -5,7 +5,8 @@ torch thread settings of one cannot leak into the next, and one that fails does 
 stop the others. Afterwards the headline figures of every result file are collected
 in bench/results/summary.json (small; the one results file kept in git; a --quick run
 writes quick-summary.json, which git ignores) and printed.
-Not in the suite: bench.learning (1M env steps per env and seed: hours) and
+Not in the suite: bench.learning (1M env steps per env and seed: hours),
+bench.lag (30 CartPole runs under injected policy lag: about 40 minutes) and
 bench.versus_cleanrl (needs a copy of CleanRL's script); run them on their own.
 Exit status: non-zero if any benchmark failed to run (a missed target is reported,
 not treated as a failure: the figures are what matter).
@@ -24,9 +25,10 @@ import tyro
 from bench import common
 
 BENCHES = ("learner_throughput", "transport", "overhead", "pipelining", "scaling", "solve",
-           "learner_scale", "inference")
+           "learner_scale", "inference", "startup")
 # Benchmarks whose record is kept in git write it under this name instead of their own.
-RESULT_NAMES = {"inference": "summary_inference"}
+RESULT_NAMES = {"inference": "summary_inference", "startup": "summary_startup",
+                "solve": "summary_solve"}
 
 
 @dataclasses.dataclass

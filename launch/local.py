@@ -203,6 +203,7 @@ def run_prepared(settings: LocalSettings, started: float | None = None) -> RunRe
         report_start = time.time()
         try_write_report(out, settings.instance_type)
         summary["timing"]["report_seconds"] = round(time.time() - report_start, 2)
+        write_json(out / "summary.json", summary)
     return RunResult(code, out, summary)
 
 
@@ -351,13 +352,18 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
         for s in previous:
             signal.signal(s, on_signal)
     try:
-        addresses = workers.start_and_wait(settings.workers, settings.startup_timeout)
         finishing = run_dir / "learner.finishing"
         finishing.unlink(missing_ok=True)
-        learner_settings = pick(LearnerSettings, settings, worker_addresses=tuple(addresses),
+        addresses_file = run_dir / "workers.json"
+        addresses_file.unlink(missing_ok=True)
+        # The learner starts first and imports while the workers start; it waits for
+        # their addresses, which exist once every worker listens.
+        learner_settings = pick(LearnerSettings, settings, addresses_file=str(addresses_file),
                                 finishing_file=str(finishing), write_settings=False)
         learner = spawn("learner", "hetrl.learner.learner", learner_settings, run_dir, env,
                         log_to_file=False, new_session=True)
+        addresses = workers.start_and_wait(settings.workers, settings.startup_timeout)
+        write_json(addresses_file, {"addresses": addresses})
         if settings.eval_every:
             evaluator = start_evaluator(Path(settings.out), settings.eval_episodes,
                                         settings.seed, run_dir, env)

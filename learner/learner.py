@@ -17,6 +17,7 @@ the summary, and returns an exit code. It never spawns processes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import queue
 import signal
@@ -50,7 +51,7 @@ from hetrl.rollout.envs import action_dtype, describe_env
 from hetrl.rollout.errors import ConfigError, HetrlError, NonFiniteError, OutputError
 from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
-from hetrl.rollout.lifetime import start_child
+from hetrl.rollout.lifetime import exit_now, start_child
 from hetrl.rollout.policy import Policy, policy_arrays
 from hetrl.rollout.settings import from_json, to_json
 from hetrl.rollout.transport import token_from_env, transport_options
@@ -412,15 +413,40 @@ def run_learner(settings: LearnerSettings, token: str | None = None) -> int:
     return learner.run()
 
 
+def wait_for_addresses(path: Path, timeout: float) -> tuple[str, ...]:
+    """The worker addresses a launcher writes to `path` once its workers listen.
+
+    Raises:
+        HetrlError: no such file within `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise HetrlError(f"no worker addresses in {path} after {timeout:.0f} s "
+                             "(--connect-timeout): the workers did not start")
+        time.sleep(0.02)
+    return tuple(json.loads(path.read_text())["addresses"])
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m hetrl.learner.learner SETTINGS_JSON`: the launcher's way to start a learner."""
     settings_file = start_child(argv)
     try:
-        return run_learner(from_json(LearnerSettings, settings_file.read_text()))
+        settings = from_json(LearnerSettings, settings_file.read_text())
+        if settings.addresses_file:  # started beside its workers: wait for them here
+            # What building the learner imports (torch.optim imports torch._dynamo on
+            # first use: 1.4 s here), imported while the workers start instead of after.
+            import torch._dynamo  # noqa: F401
+            from torch.utils import tensorboard  # noqa: F401
+
+            addresses = wait_for_addresses(Path(settings.addresses_file),
+                                           settings.connect_timeout)
+            settings = dataclasses.replace(settings, worker_addresses=addresses)
+        return run_learner(settings)
     except HetrlError as exc:
         log.error("%s", exc)
         return EXIT_FAILED
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

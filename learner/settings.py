@@ -200,6 +200,10 @@ class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSett
 
     worker_addresses: tuple[str, ...] = ()
     """host:port of every rollout worker."""
+    addresses_file: str = ""
+    """Instead of --worker-addresses: wait (up to --connect-timeout) for this JSON file,
+    {"addresses": [...]}, which a launcher writes once its workers listen, so that the
+    learner's start-up (its imports) overlaps the workers'."""
     finishing_file: str = ""
     """If set, the learner creates this file as it stops training (before it stops its
     workers), so a supervisor restarts no worker from then on."""
@@ -212,6 +216,7 @@ class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSett
 
     def __post_init__(self) -> None:
         self.worker_addresses = tuple(self.worker_addresses)
-        require(len(self.worker_addresses) > 0, "give at least one --worker-addresses host:port")
+        require(len(self.worker_addresses) > 0 or bool(self.addresses_file),
+                "give at least one --worker-addresses host:port")
         require(self.connect_timeout > 0, "--connect-timeout must be > 0")
         _chain_post_init(self, LearnerSettings)

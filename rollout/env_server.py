@@ -37,6 +37,7 @@ from hetrl.rollout import wire
 from hetrl.rollout.envs import action_dtype, make_vector_env
 from hetrl.rollout.errors import WireFormatError
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_UNHEALTHY
+from hetrl.rollout.lifetime import exit_now
 from hetrl.rollout.serving import (
     StreamServer,
     read_requests,
@@ -252,4 +253,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

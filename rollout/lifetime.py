@@ -67,3 +67,17 @@ def start_child(argv: list[str] | None = None) -> Path:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     return Path(argv[0])
+
+
+def exit_now(code: int) -> None:
+    """End a child process with `code` once its work is written: flush the streams and
+    the logs, then skip the interpreter's teardown (joining gRPC's and TensorBoard's
+    threads, unloading torch), which took most of a second after the last line. Only
+    for a process whose outputs are all closed by the time it calls this."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or the reader went away
+            pass
+    os._exit(code)

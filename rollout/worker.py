@@ -34,6 +34,7 @@ from hetrl.rollout.collector import Collector
 from hetrl.rollout.envs import make_vector_env
 from hetrl.rollout.errors import ConfigError, NonFiniteError, WireFormatError
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_UNHEALTHY
+from hetrl.rollout.lifetime import exit_now
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.rewards import RewardNormalizer
 from hetrl.rollout.serving import (  # noqa: F401 (SERVICE_NAME, WorkerState: re-exported)
@@ -268,4 +269,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

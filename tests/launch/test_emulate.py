@@ -36,13 +36,11 @@ def test_emulated_cluster_solves_cartpole(tmp_path: Path) -> None:
     model = out / "hosts" / "algo-2" / "model"
     summary = json.loads((model / "summary.json").read_text())
     # Solved as bench.solve counts it: the mean of the last 100 episodes reaches 475
-    # within the 300k steps. The final mean alone is noisier with 4 workers across hosts
-    # (one CI run in ~20 ended at 400 while every other ended at 499-500), and PPO's mean
-    # can dip after solving; at the end it must still be a trained policy (random ~22).
+    # within the 300k steps, and is still there at the end.
     returns = [json.loads(line).get("charts/mean_return_100", 0.0)
                for line in (model / "metrics.jsonl").read_text().splitlines()]
     assert max(returns) >= 475, (max(returns), summary)
-    assert summary["mean_return_100"] >= 300, summary
+    assert summary["mean_return_100"] >= 475, summary
     assert len(summary["workers"]) == 4  # 2 env hosts x 2 workers
     assert {w.rsplit(":", 1)[0] for w in summary["workers"]} == {"127.0.0.1", "127.0.0.3"}
     assert (out / "hosts" / "algo-2" / "model" / "model.safetensors").exists()
