@@ -31,7 +31,7 @@ from hetrl.launch.supervisor import Supervisor
 from hetrl.learner.learner import Learner
 from hetrl.learner.settings import LearnerSettings
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
-from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.errors import ChildFailedError, ConfigError, HetrlError
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
 from hetrl.rollout.lifetime import early_stop
 from hetrl.rollout.settings import WorkerSettings, pick
@@ -213,6 +213,7 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
                                 out=str(cluster.model_dir))
         learner = Learner(learner_settings, token)
         learner.extra_metrics = env_hosts.metrics
+        _supervise_local_workers(local, learner)
         if settings.eval_every:  # on this host's spare CPU, beside the learner
             evaluator = start_evaluator(cluster.model_dir, settings.eval_episodes,
                                         settings.seed, cluster.base_dir / "hetrl",
@@ -287,9 +288,26 @@ def _write_cluster_file(cluster: ClusterView, settings: ClusterSettings) -> None
     (cluster.model_dir / "cluster.json").write_text(json.dumps({"instances": instances}))
 
 
+def _supervise_local_workers(local: Supervisor, learner: Learner) -> None:
+    """Restart this host's own workers under the same rules as every env host's, while
+    the learner trains; one that cannot live stops the run with its cause."""
+
+    def watch() -> None:
+        while learner.training:
+            try:
+                local.poll(may_restart=lambda: learner.training)
+            except ChildFailedError as exc:
+                log.error("%s", exc)
+                learner.request_stop(str(exc).splitlines()[0], failed=True)
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="local-workers", daemon=True).start()
+
+
 def _local_workers(settings: ClusterSettings, cluster: ClusterView, token: str) -> Supervisor:
-    """The rollout workers on this host's spare cores (loopback only), not yet started.
-    Nothing restarts them: the learner trains on without a local worker that dies."""
+    """The rollout workers on this host's spare cores (loopback only), not yet started;
+    restarted as every host's are while the learner trains (_supervise_local_workers)."""
     return Supervisor(
         lambda i, port, ready: pick(
             WorkerSettings, settings, worker_id=900_000 + i, host="127.0.0.1", port=port,

@@ -1,14 +1,16 @@
 """`hetrl local` and `launch.run_local`: workers and a learner as processes on one machine.
 
 The launcher checks the settings and the env before spawning anything, starts the
-workers (each binds a free loopback port and reports it in a ready file), starts the
-learner with their addresses, and supervises: the run succeeds when the learner exits
-0 (its outputs are then complete); workers still running after it are stopped. A worker
-that crashes, is killed or hangs during training is restarted on its port by the
-workers' supervisor (launch.supervisor, at most MAX_WORKER_RESTARTS times in the run)
-and the learner's stream reconnects to it; none is restarted once the learner has begun
-to stop; a worker whose env keeps failing (exit code unhealthy) or a failing learner
-stop every child (SIGTERM, then SIGKILL after a grace) and the launcher exits non-zero.
+learner and the workers (each binds a free loopback port and reports it in a ready
+file; the learner waits for their addresses), and supervises: the run succeeds when the
+learner exits 0 (its outputs are then complete); workers still running after it are
+stopped. A worker that crashes, is killed or hangs during training is restarted on its
+port by the workers' supervisor (launch.supervisor: for as long as its incarnations
+deliver experience, with back-off) and the learner's stream reconnects to it; none is
+restarted once the learner has begun to stop. A worker whose env keeps failing (exit
+code unhealthy) or that cannot live long enough to deliver anything, or a failing
+learner, stop every child (the learner first, so it saves) and the launcher exits 1,
+with the cause as the run's outcome.
 Ctrl-C or SIGTERM reach the launcher alone (children run in their own sessions): it
 passes the stop to the learner, which saves its model and a checkpoint and stops its
 workers, then stops what is left; it exits 130, or 0 after a SIGTERM every child
@@ -194,8 +196,9 @@ def run_prepared(settings: LocalSettings, started: float | None = None) -> RunRe
     if settings.instance_type:  # what the report prices this machine as
         instances = [{"group": "local", "instance_type": settings.instance_type, "count": 1}]
         (out / "cluster.json").write_text(json.dumps({"instances": instances}))
-    code = _supervise(settings, out / "launch")
-    summary = _account_time(out, started)
+    events = _Events()  # what the launcher saw: a cause it ended the run for, restarts
+    code = _supervise(settings, out / "launch", events)
+    summary = _account_time(out, started, events)
     if summary and settings.report and code != EXIT_INTERRUPTED:
         from hetrl.launch.report import try_write_report
 
@@ -207,13 +210,34 @@ def run_prepared(settings: LocalSettings, started: float | None = None) -> RunRe
     return RunResult(code, out, summary)
 
 
-def _account_time(out: Path, started: float) -> dict[str, Any]:
-    """Add to summary.json where this command's wall time went: start-up (until the
-    learner's first update), training, and the stop; return the summary ({} if none)."""
+@dataclasses.dataclass
+class _Events:
+    """What the launcher saw of a run that the learner cannot know."""
+
+    failure: str | None = None
+    """Why the launcher ended the run (a worker that cannot live), if it did."""
+    worker_restarts: int = 0
+
+
+def _account_time(out: Path, started: float, events: _Events) -> dict[str, Any]:
+    """Add to summary.json where this command's wall time went (start-up until the
+    learner's first update, training, the stop) and the workers' restarts; when the
+    launcher ended the run, its cause becomes the outcome and the verdict instead of the
+    learner's "stopped: signal SIGTERM"; a verdict that asks for more workers while
+    workers kept dying says to fix that first. Return the summary ({} if none)."""
     path = out / "summary.json"
     if not path.exists():
         return {}
     summary = json.loads(path.read_text())
+    summary["worker_restarts"] = events.worker_restarts
+    if events.failure is not None:
+        first = events.failure.strip().splitlines()[0]
+        summary["outcome"] = f"failed: {first}"
+        summary["verdict"], summary["verdict_text"] = "failed", first
+    elif events.worker_restarts and summary.get("verdict") == "experience-bound":
+        summary["verdict_text"] = (f"{summary.get('verdict_text', '')}; but workers were "
+                                   f"restarted {events.worker_restarts} times: fix what "
+                                   "ends them before adding more")
     now = time.time()
     first, ended = summary.get("first_update_unix"), summary.get("ended_unix")
     timing: dict[str, float | None] = {"command_seconds": round(now - started, 2)}
@@ -320,7 +344,7 @@ def prepare_out_dir(settings: LocalSettings) -> Path:
     return out
 
 
-def _supervise(settings: LocalSettings, run_dir: Path) -> int:
+def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
     env = child_environment(new_token())
     # Children run outside the terminal's process group: a Ctrl-C reaches this launcher
     # alone, which asks the learner to stop (it saves, then stops its workers) instead of
@@ -383,9 +407,12 @@ def _supervise(settings: LocalSettings, run_dir: Path) -> int:
         return EXIT_INTERRUPTED
     except ChildFailedError as exc:
         say(str(exc))
+        events.failure = str(exc)
+        _stop_learner_first(learner, signal.SIGTERM, settings.shutdown_grace)
         stop_all(children(), settings.shutdown_grace)
         return EXIT_FAILED
     finally:
+        events.worker_restarts = workers.restarts
         stop_all(children(), settings.shutdown_grace)  # no-op when all have exited
         if evaluator is not None:
             stop_all([evaluator], settings.shutdown_grace)

@@ -4,17 +4,26 @@ learner host's own workers all start, restart and stop their workers through it.
 A `Supervisor` spawns N workers, either on free ports, waiting for each to report its
 address in a ready file, or on known ports without waiting. Polled by its caller, it
 restarts on its port a worker that crashed, was killed or hung (any exit but OK and
-UNHEALTHY, see `restartable`), at most MAX_WORKER_RESTARTS times in the run and only
-while the caller allows it; a worker whose env keeps failing (EXIT_UNHEALTHY) is a
-failure at once, since a new process would fail the same way. It stops them all
-(SIGTERM, then SIGKILL after a grace), or, once a learner has finished, lets them exit
-and reports late exits as notes. It says what it does through the caller's `say`. It
-never decides when a run ends: its caller watches the learner or the control service.
+UNHEALTHY, see `restartable`), only while the caller allows it, for as long as the
+worker is useful: a long job on a leaky or crash-prone simulator keeps going. Each
+worker has a budget of RESTARTS_PER_WINDOW restarts per RESTART_WINDOW seconds; past
+it, and after every incarnation that died before it delivered any experience (its
+progress file, rollout/serving.py), restarts back off (2, 4, ... up to MAX_BACKOFF
+seconds). It gives up only when GIVE_UP_AFTER incarnations in a row died before
+delivering anything: such a worker cannot live long enough to be of use. A worker whose
+env keeps failing (EXIT_UNHEALTHY) is a failure at once, since a new process would fail
+the same way. It stops them all (SIGTERM, then SIGKILL after a grace), or, once a
+learner has finished, lets them exit and reports late exits as notes. It says what it
+does through the caller's `say`. It never decides when a run ends: its caller watches
+the learner or the control service.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -23,8 +32,12 @@ from hetrl.rollout.errors import ChildFailedError
 from hetrl.rollout.exits import EXIT_OK, EXIT_UNHEALTHY
 from hetrl.rollout.settings import WorkerSettings
 
-# Worker restarts a supervisor allows per run (crashes, kills, hangs) before giving up.
-MAX_WORKER_RESTARTS = 3
+# Restarts of one worker per window before they back off, the longest back-off, and how
+# many incarnations in a row may die without delivering anything before it gives up.
+RESTART_WINDOW = 600.0
+RESTARTS_PER_WINDOW = 5
+MAX_BACKOFF = 60.0
+GIVE_UP_AFTER = 5
 # After the learner's Stop, a healthy worker exits within its server's 2 s grace.
 STOPPED_WORKER_EXIT = 5.0
 
@@ -41,6 +54,39 @@ def restartable(code: int | None) -> bool:
 
 def _to_stderr(message: str) -> None:
     print(f"hetrl: {message}", file=sys.stderr)
+
+
+@dataclasses.dataclass
+class _Deaths:
+    """One worker's deaths: when (within the window), how many in a row delivered
+    nothing, and when the pending restart is due (None: none pending)."""
+
+    times: collections.deque = dataclasses.field(default_factory=collections.deque)
+    fruitless: int = 0
+    total: int = 0
+    restart_at: float | None = None
+
+    def record(self, now: float, delivered: bool) -> None:
+        self.times.append(now)
+        while self.times and self.times[0] < now - RESTART_WINDOW:
+            self.times.popleft()
+        self.fruitless = 0 if delivered else self.fruitless + 1
+        self.total += 1
+
+    def backoff(self) -> float:
+        """Seconds to wait before the restart: none while the worker is within its
+        budget and delivering; 2, 4, 8, ... (at most MAX_BACKOFF) past it."""
+        excess = max(self.fruitless, len(self.times) - RESTARTS_PER_WINDOW)
+        return 0.0 if excess <= 0 else min(MAX_BACKOFF, 2.0 ** excess)
+
+
+def last_error_line(log_tail: str) -> str:
+    """The line of a worker's log that says why it died: the last exception or error."""
+    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "Exception" in line or " ERROR " in line:
+            return line[:300]
+    return lines[-1][:300] if lines else "(its log is empty)"
 
 
 class Supervisor:
@@ -68,11 +114,15 @@ class Supervisor:
         """The current process of each worker (a restart replaces it in place)."""
         self.ports: list[int] = []
         self.restarts = 0
+        self.deaths: list[_Deaths] = []
 
     def spawn(self, index: int, port: int, ready_file: str) -> Child:
         """Start the process of worker `index`: the one place a worker is started."""
         name = f"{self.name}-{index}"
-        settings = self.settings_for(index, port, ready_file)
+        progress = self.progress_file(index)
+        progress.unlink(missing_ok=True)  # this incarnation has delivered nothing yet
+        settings = dataclasses.replace(self.settings_for(index, port, ready_file),
+                                       progress_file=str(progress))
         # Central inference: the worker only steps envs (and imports no torch).
         module = ("hetrl.rollout.env_server" if settings.inference == "central"
                   else "hetrl.rollout.worker")
@@ -82,6 +132,10 @@ class Supervisor:
         return spawn(name, module, settings, self.run_dir, self.env,
                      echo=sys.__stdout__, echo_prefix=f"[{self.echo_host} {name}] ",
                      new_session=self.new_session)
+
+    def progress_file(self, index: int) -> Path:
+        """Where worker `index` says it has delivered experience (rollout/serving.py)."""
+        return self.run_dir / f"{self.name}-{index}.progress"
 
     def start(self, ports: Sequence[int]) -> None:
         """Spawn worker i on ports[i], without waiting for it to listen."""
@@ -109,18 +163,21 @@ class Supervisor:
         return addresses
 
     def poll(self, may_restart: Callable[[], bool] = lambda: True) -> list[int]:
-        """Look at every worker once and restart, on its port, each that crashed, was
-        killed or hung, as long as `may_restart()` (asked just before each restart)
-        allows it. A worker that exited 0 was stopped on purpose and stays stopped.
+        """Look at every worker once: note each that crashed, was killed or hung, and
+        restart it on its port when its back-off has passed, as long as `may_restart()`
+        (asked just before each restart) allows it. A worker that exited 0 was stopped on
+        purpose and stays stopped.
 
         Returns:
             The indices of the workers restarted.
 
         Raises:
-            ChildFailedError: a worker's env keeps failing, or a restart would exceed
-                MAX_WORKER_RESTARTS in this run; the message carries the worker's log tail.
+            ChildFailedError: a worker's env keeps failing, or GIVE_UP_AFTER incarnations
+                of one worker in a row died before delivering anything; the message
+                names the worker, its deaths and the line of its log that says why.
         """
         restarted = []
+        now = time.monotonic()
         for i, worker in enumerate(self.workers):
             code = worker.exit_code()
             if code == EXIT_UNHEALTHY:
@@ -133,16 +190,30 @@ class Supervisor:
                 )
             if not restartable(code):
                 continue
+            while len(self.deaths) <= i:
+                self.deaths.append(_Deaths())
+            deaths = self.deaths[i]
+            if deaths.restart_at is None:  # a death not seen before
+                deaths.record(now, self.progress_file(i).exists())
+                why = last_error_line(worker.log_tail(40))
+                if deaths.fruitless >= GIVE_UP_AFTER:
+                    raise ChildFailedError(
+                        f"{worker.name} died {deaths.fruitless} times in a row before it "
+                        f"delivered any experience ({deaths.total} deaths in all; last exit "
+                        f"code {code}): it cannot live long enough to be of use. Its last "
+                        f"error: {why} (log: {worker.log_path})")
+                delay = deaths.backoff()
+                deaths.restart_at = now + delay
+                self.restarts += 1
+                self.say(f"{worker.name} exited with code {code} ({why}); restarting it"
+                         + (f" in {delay:.0f} s" if delay else "")
+                         + f" ({len(deaths.times)} deaths in the last "
+                         f"{RESTART_WINDOW / 60:.0f} min, {deaths.total} in all)")
+            if now < deaths.restart_at:
+                continue
             if not may_restart():
                 break
-            self.restarts += 1
-            if self.restarts > MAX_WORKER_RESTARTS:
-                raise ChildFailedError(
-                    f"{worker.name} exited with code {code} during training, after "
-                    f"{MAX_WORKER_RESTARTS} worker restarts in this run:\n{worker.log_tail()}"
-                )
-            self.say(f"{worker.name} exited with code {code}; restarting it "
-                     f"({self.restarts}/{MAX_WORKER_RESTARTS})")
+            deaths.restart_at = None
             self.workers[i] = self.spawn(i, self.ports[i], "")
             restarted.append(i)
         return restarted

@@ -142,6 +142,8 @@ class Learner:
             self.batcher.global_step = step
             self.books.restore(path, totals)
         self._stop_reason: str | None = None
+        self._stop_failed = False
+        self._finishing = False
         self.evals = PeriodicEval(self.out, settings.eval_every, settings)
         # The best policy by training return (with --eval-every the evaluator keeps it).
         self.best = BestPolicy(self.out, enabled=not settings.eval_every)
@@ -213,11 +215,18 @@ class Learner:
         self._last_checkpoint = time.monotonic()
         return path
 
-    def request_stop(self, reason: str) -> None:
-        """Stop training at the next batch; the first reason given is the one recorded
-        (a launcher's SIGTERM after the user's Ctrl-C does not rename the stop)."""
+    @property
+    def training(self) -> bool:
+        """True until the learner begins to stop (nothing should restart workers then)."""
+        return self._stop_reason is None and not self._finishing
+
+    def request_stop(self, reason: str, failed: bool = False) -> None:
+        """Stop training at the next batch (saving as always); the first reason given is
+        the one recorded (a launcher's SIGTERM after the user's Ctrl-C does not rename
+        the stop). `failed`: the run failed for that reason (exit code 1)."""
         if self._stop_reason is None:
             self._stop_reason = reason
+            self._stop_failed = failed
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of the state dict on the device that later updates cannot change."""
@@ -249,13 +258,16 @@ class Learner:
                     self.batcher.release(ready)
                 if time.monotonic() - self._last_checkpoint > s.checkpoint_every:
                     self._save_outputs(periodic=True)
-            if self._stop_reason is not None:
+            if self._stop_failed:
+                outcome, code = f"failed: {self._stop_reason}", EXIT_FAILED
+            elif self._stop_reason is not None:
                 # A stop is a success once the model and checkpoint are saved below.
                 outcome, code = f"stopped: {self._stop_reason}", EXIT_OK
         except HetrlError as exc:
             outcome, code = f"failed: {exc}", EXIT_FAILED
             log.error("%s", exc)
         finally:
+            self._finishing = True
             if s.finishing_file:
                 Path(s.finishing_file).touch()
             self.batcher.stop()

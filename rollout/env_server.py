@@ -202,6 +202,7 @@ class EnvServer(StreamServer):
             step = expected[group]
             expected[group] += 1
             self.steps_sent += 1
+            self.delivered(self.steps_sent)
             yield env_step_message(group, step, result.observations, result.rewards,
                                    result.terminated, result.truncated, result.faulted,
                                    time.perf_counter() - start)

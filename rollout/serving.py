@@ -42,6 +42,8 @@ from hetrl.rollout.transport import create_server, token_from_env, transport_opt
 log = logging.getLogger("hetrl.worker")
 
 SERVICE_NAME = "hetrl.Rollout"
+PROGRESS_EVERY = 10.0
+"""Seconds between writes of a worker's progress file after the first."""
 
 
 class WorkerState(enum.Enum):
@@ -70,6 +72,24 @@ class StreamServer:
         self.stopped = threading.Event()
         self.last_learner_seen = time.monotonic()
         self._stream_lock = threading.Lock()
+        self._progress_written = -PROGRESS_EVERY
+
+    def delivered(self, count: int) -> None:
+        """`count` fragments (or env steps) have reached the learner so far: say so in the
+        progress file, at the first and then every PROGRESS_EVERY seconds."""
+        if not self.settings.progress_file:
+            return
+        now = time.monotonic()
+        if now - self._progress_written < PROGRESS_EVERY:
+            return
+        self._progress_written = now
+        target = Path(self.settings.progress_file)
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        try:
+            tmp.write_text(json.dumps({"delivered": count, "pid": os.getpid()}))
+            tmp.replace(target)
+        except OSError as exc:  # a supervisor's aid, not the worker's job
+            log.debug("cannot write %s: %s", target, exc)
 
     def _set_health(self, status) -> None:
         for service in ("", SERVICE_NAME):

@@ -166,6 +166,10 @@ class WorkerSettings(EnvSettings, PolicySettings, RolloutSettings, ReliabilitySe
     """Port to bind; 0 picks a free one (written to --ready-file)."""
     ready_file: str = ""
     """If set, the bound address is written here (JSON) once the server listens."""
+    progress_file: str = ""
+    """If set, written (JSON) when this process first delivers experience to the learner
+    and every few seconds after: its supervisor restarts a worker that dies only while
+    its incarnations keep delivering."""
     learner_timeout: float = 300.0
     """Seconds without a learner stream (at start or after one ends) before the worker
     gives up and exits non-zero, so no worker outlives its learner."""

@@ -168,6 +168,7 @@ class RolloutWorker(StreamServer):
                 return
             yield message
             self.fragments_sent += 1
+            self.delivered(self.fragments_sent)
 
     def _collect(self) -> fragments.FragmentArrays:
         """One fragment, its rewards normalised for training (episode returns stay raw)."""

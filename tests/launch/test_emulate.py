@@ -137,3 +137,18 @@ def test_an_emulated_job_runs_central_inference(tmp_path: Path) -> None:
     assert summary["inference"] == "central" and summary["global_step"] >= 20_000
     assert set(summary["policy_lag_histogram"]) <= {"0", "1"}, summary
     assert summary["env_steps_malformed"] == 0
+
+
+def test_the_learner_hosts_own_workers_are_restarted_like_every_hosts(tmp_path: Path) -> None:
+    """Workers on the learner host follow the same restart rules as an env host's: a
+    leaky simulator that ends its worker every ~1,000 env steps does not end the job."""
+    out = tmp_path / "leaky"
+    proc = hetrl("emulate", "--env-hosts", "1", "--workers-per-env-host", "1",
+                 "--learner-host-workers", "1", "--env", "tests.reliability.envs:DiesEvery",
+                 "--envs-per-worker", "2", "--fragment-length", "32", "--total-steps", "20000",
+                 "--out", str(out), env={"HETRL_TEST_DIE_AFTER": "1000"})
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-4000:]
+    learner_lines = [line for line in output.splitlines() if line.startswith("[algo-2")]
+    assert any("local-worker-0 exited with code 9" in line and "restarting it" in line
+               for line in learner_lines), "\n".join(learner_lines[-30:])

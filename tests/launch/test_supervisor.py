@@ -5,30 +5,36 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from hetrl.launch import supervisor as supervisor_module
 from hetrl.launch.processes import Child, spawn_command
-from hetrl.launch.supervisor import MAX_WORKER_RESTARTS, Supervisor
+from hetrl.launch.supervisor import GIVE_UP_AFTER, Supervisor
 from hetrl.rollout.errors import ChildFailedError
 from hetrl.rollout.settings import WorkerSettings
 from tests.helpers import wait_for
 
 
-def _supervisor(tmp_path: Path, exits: list[int | None]) -> tuple[Supervisor, list, list]:
-    """Worker i exits with exits[i] at once (None: runs until stopped); every start and
-    every message is recorded."""
+def _supervisor(tmp_path: Path, exits: list[int | None], delivers: bool = False
+                ) -> tuple[Supervisor, list, list]:
+    """Worker i exits with exits[i] at once (None: runs until stopped), first saying it
+    delivered experience when `delivers`; every start and every message is recorded."""
     started: list[tuple[int, int]] = []
     said: list[str] = []
 
     class StandIns(Supervisor):
         def spawn(self, index: int, port: int, ready_file: str) -> Child:
             started.append((index, port))
-            code = "import time; time.sleep(600)" if exits[index] is None else \
-                f"raise SystemExit({exits[index]})"
+            progress = self.progress_file(index)
+            progress.unlink(missing_ok=True)
+            code = "import time; time.sleep(600)" if exits[index] is None else (
+                f"open({str(progress)!r}, 'w').write('{{}}'); " if delivers else "") + (
+                f"print('RuntimeError: simulator leaked'); raise SystemExit({exits[index]})")
             return spawn_command(f"worker-{index}", [sys.executable, "-c", code],
-                                 dict(os.environ), None)
+                                 dict(os.environ), tmp_path / f"worker-{index}.log")
 
     supervisor = StandIns(lambda *_: WorkerSettings(env_failure_rate=0.3), tmp_path,
                            dict(os.environ), say=said.append)
@@ -39,30 +45,61 @@ def _exited(supervisor: Supervisor) -> bool:
     return all(w.exit_code() is not None for w in supervisor.workers[:-1])
 
 
-def test_crashed_workers_restart_on_their_port_until_the_budget_is_spent(tmp_path) -> None:
-    supervisor, started, said = _supervisor(tmp_path, [5, 1, None])
+@pytest.fixture
+def quick_backoff(monkeypatch):
+    """Back-offs of a fraction of a second, and a budget of 2 restarts per window."""
+    monkeypatch.setattr(supervisor_module, "MAX_BACKOFF", 0.05)
+    monkeypatch.setattr(supervisor_module, "RESTARTS_PER_WINDOW", 2)
+
+
+def _poll_until(supervisor: Supervisor, restarts: int, timeout: float = 60) -> None:
+    def enough() -> bool:
+        supervisor.poll()
+        return supervisor.restarts >= restarts
+    wait_for(enough, timeout, f"{restarts} restarts")
+
+
+def test_a_worker_that_keeps_delivering_is_restarted_however_often_it_dies(
+        tmp_path, quick_backoff) -> None:
+    supervisor, started, said = _supervisor(tmp_path, [5, 1, None], delivers=True)
     try:
         supervisor.start([7001, 7002, 7003])
-        with pytest.raises(ChildFailedError, match=f"after {MAX_WORKER_RESTARTS} worker"):
-            while True:
-                wait_for(lambda: _exited(supervisor), 30, "the crashing workers to exit")
-                supervisor.poll()
+        _poll_until(supervisor, 12)  # far past the old budget of 3 for the whole run
         restarts = started[3:]
-        assert len(restarts) == MAX_WORKER_RESTARTS
         assert all(port == 7000 + index + 1 for index, port in restarts)  # the same port
-        assert said[0] == f"worker-0 exited with code 5; restarting it (1/{MAX_WORKER_RESTARTS})"
+        assert said[0] == ("worker-0 exited with code 5 (RuntimeError: simulator leaked); "
+                           "restarting it (1 deaths in the last 10 min, 1 in all)")
+        # Past 2 in the window, restarts back off.
+        assert any(" in 0 s " in line or "restarting it in" in line for line in said), said
     finally:
         supervisor.stop(5.0)
     assert supervisor.running() == 0
 
 
+def test_a_worker_that_never_delivers_is_given_up_with_its_cause(tmp_path,
+                                                                 quick_backoff) -> None:
+    supervisor, started, said = _supervisor(tmp_path, [5, None])
+    try:
+        supervisor.start([0, 0])
+        with pytest.raises(ChildFailedError) as failure:
+            _poll_until(supervisor, 10**6)
+        message = str(failure.value)
+        assert f"worker-0 died {GIVE_UP_AFTER} times in a row before it delivered" in message
+        assert "RuntimeError: simulator leaked" in message and "worker-0.log" in message
+        assert len(started) == 1 + GIVE_UP_AFTER  # the first start and 4 restarts
+    finally:
+        supervisor.stop(5.0)
+
+
 def test_a_clean_exit_stays_stopped_and_nothing_restarts_while_the_caller_forbids_it(
-    tmp_path,
+    tmp_path, quick_backoff,
 ) -> None:
     supervisor, started, said = _supervisor(tmp_path, [0, 5, None])
     try:
         supervisor.start([0, 0, 0])
         wait_for(lambda: _exited(supervisor), 30, "the first two workers to exit")
+        assert supervisor.poll(may_restart=lambda: False) == []
+        time.sleep(0.1)  # past the back-off (0.05 s), which a real poll loop waits out
         assert supervisor.poll(may_restart=lambda: False) == []
         assert supervisor.poll() == [1]
         assert [index for index, _ in started] == [0, 1, 2, 1] and supervisor.restarts == 1

@@ -180,3 +180,19 @@ class EveryWorkerHangsFor(Counting):
         except FileExistsError:
             pass
         time.sleep(float(os.environ.get("HETRL_TEST_HANG_SECONDS", "15")))
+
+
+class DiesEvery(Counting):
+    """A leaky simulator: instance 0 of each worker process ends the whole process (as
+    the OOM killer would) after HETRL_TEST_DIE_AFTER steps (default 3000), or, with
+    HETRL_TEST_DIE_AT_START=1, at its first step (a worker that can never deliver)."""
+
+    made = itertools.count()
+
+    def fault(self) -> None:
+        if self.instance != 0:
+            return
+        if os.environ.get("HETRL_TEST_DIE_AT_START") == "1" or (
+                self.total_steps >= int(os.environ.get("HETRL_TEST_DIE_AFTER", "3000"))):
+            print("MemoryError: simulator leaked (test fault)", flush=True)
+            os._exit(9)

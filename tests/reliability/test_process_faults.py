@@ -52,7 +52,7 @@ def test_killed_and_frozen_workers_rejoin_and_nothing_is_trained_twice(tmp_path:
         # Fault 3: SIGKILL worker 0 mid-stream.
         os.kill(worker_pid(out, 0), signal.SIGKILL)
         killed = time.monotonic()
-        wait_for(lambda: count(log, r"worker-0 exited with code -9; restarting") == 1, 60,
+        wait_for(lambda: count(log, r"worker-0 exited with code -9 \(.*\); restarting") == 1, 60,
                  "the launcher to restart worker 0")
         wait_for(lambda: count(log, r"streaming from worker 0 ") >= 2, 90,
                  "the learner to stream from the restarted worker 0")
@@ -99,7 +99,7 @@ def test_hung_env_restarts_its_worker_while_training_goes_on(tmp_path: Path) -> 
     try:
         wait_for(flag.exists, 120, "an env to hang")
         step_at_hang = step(out)
-        wait_for(lambda: count(log, r"exited with code 5; restarting") == 1, 60,
+        wait_for(lambda: count(log, r"exited with code 5 \(.*\); restarting") == 1, 60,
                  "the watchdog to end the hung worker")
         detect = time.time() - float(flag.read_text())
         assert proc.wait(180) == 0, log.read_text()[-3000:]
@@ -227,4 +227,44 @@ def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(tmp_path: Pa
     assert all(e and e[0] < 1 + 2 + 2 for e in ended), ended  # bound + log-time slack
     assert rejoined < 10
     assert summary["fragments_duplicate"] == 0
+    wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
+
+
+def test_a_worker_that_keeps_dying_does_not_end_a_run_that_makes_progress(tmp_path) -> None:
+    # Each worker process dies every ~4,000 of its steps (1,000 per env): 10+ deaths per
+    # worker in a run of 60k steps, far past any budget per run, and the run finishes.
+    out = tmp_path / "leaky"
+    proc, log = start(out, "--env", "tests.reliability.envs:DiesEvery", "--workers", "2",
+                      "--envs-per-worker", "4", "--fragment-length", "32", "--total-steps",
+                      "60000", env={"HETRL_TEST_DIE_AFTER": "1000"})
+    try:
+        assert proc.wait(600) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"\nleaky workers: {summary['worker_restarts']} restarts, "
+          f"{summary['global_step']} steps, outcome {summary['outcome']}")
+    assert summary["outcome"] == "finished" and summary["global_step"] >= 60_000
+    assert summary["worker_restarts"] >= 8
+    assert "MemoryError: simulator leaked" in log.read_text()  # each death says why
+
+
+def test_a_worker_that_cannot_deliver_ends_the_run_naming_the_cause(tmp_path) -> None:
+    out = tmp_path / "doomed"
+    proc, log = start(out, "--env", "tests.reliability.envs:DiesEvery", "--workers", "1",
+                      "--envs-per-worker", "2", "--total-steps", "60000",
+                      env={"HETRL_TEST_DIE_AT_START": "1"})
+    try:
+        assert proc.wait(300) == 1, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert "worker-0 died 5 times in a row before it delivered any experience" in output
+    assert "MemoryError: simulator leaked" in output
+    assert output.rstrip().splitlines()[-1].startswith("hetrl: to continue this run:")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outcome"].startswith("failed: worker-0 died 5 times")
+    assert summary["verdict"] == "failed"
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
