@@ -5,7 +5,10 @@ AtariPreprocessing, so the ALE env itself must not skip), 84x84 grayscale, 4-fra
 stacks, uint8 observations of shape (4, 84, 84). The ROM ships inside ale-py;
 AtariPreprocessing needs OpenCV (`opencv-python-headless`). `LaggyCartPole` is
 CartPole-v1 whose first env on one worker is slow or stalls now and then (bench/lag.py
-injects policy lag with it). Nothing else lives here.
+injects policy lag with it). `SlowSim` stands for a custom simulator whose step
+takes ~10 ms (8 ms waiting on an engine, 2 ms of CPU); `make_heavy_humanoid` is a real
+one: MuJoCo Humanoid-v5 simulating 60 physics steps per env step (~13 ms here)
+(bench/slow_env.py). Nothing else lives here.
 """
 
 from __future__ import annotations
@@ -71,3 +74,32 @@ def make_pong(**kwargs) -> gym.Env:
     env = gym.make("ALE/Pong-v5", frameskip=1, **kwargs)
     env = AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True)
     return FrameStackObservation(env, 4)
+
+
+class SlowSim(CartPoleEnv):
+    """CartPole-v1 whose step takes ~10 ms: 8 ms of sleep (waiting on an engine or a
+    device) and ~2 ms of CPU work, like many custom simulators."""
+
+    SLEEP, BUSY = 0.008, 0.002
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        super().__init__(render_mode=render_mode)
+        self._steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        self._steps = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        time.sleep(self.SLEEP)
+        end = time.perf_counter() + self.BUSY
+        while time.perf_counter() < end:
+            pass
+        obs, reward, terminated, truncated, info = super().step(action)
+        self._steps += 1
+        return obs, reward, terminated, truncated or self._steps >= 500, info
+
+
+def make_heavy_humanoid(**kwargs) -> gym.Env:
+    """MuJoCo Humanoid-v5 with frame_skip 60 (12x the default): a CPU-heavy simulator."""
+    return gym.make("Humanoid-v5", frame_skip=60, **kwargs)

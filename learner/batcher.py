@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from hetrl.learner.connections import CreditSink, StreamFailure
-from hetrl.learner.metrics import StallWatch
 from hetrl.learner.ppo import Batch
+from hetrl.learner.stalls import StallWatch
 from hetrl.rollout.errors import HetrlError, ProtocolError, WorkerLostError
 from hetrl.rollout.fragments import STEP_FIELDS, ReceivedFragment
 
@@ -359,7 +359,7 @@ class Batcher:
                 return False
             stream, generation, fragment = item
             if self._stall is not None:
-                self._stall.fragment()
+                self._stall.fragment(fragment.arrays.collect_seconds)
             if in_batch is not None and id(stream) in in_batch:
                 self._set_aside.append(item)  # its credit stays out until it is taken
                 continue

@@ -41,11 +41,12 @@ from hetrl.learner.connections import (
 )
 from hetrl.learner.evaluation import PeriodicEval
 from hetrl.learner.inference import InferenceServer, check_inference_alive
-from hetrl.learner.metrics import MetricsWriter, RunBooks, StallWatch
+from hetrl.learner.metrics import MetricsWriter, RunBooks
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.ppo import ppo_update_async, read_stats
 from hetrl.learner.publisher import Publisher, weights_message
 from hetrl.learner.settings import LearnerSettings, default_run_dir
+from hetrl.learner.stalls import StallWatch
 from hetrl.learner.utilisation import UtilisationSampler
 from hetrl.rollout.envs import action_dtype, describe_env
 from hetrl.rollout.errors import ConfigError, HetrlError, NonFiniteError, OutputError
@@ -245,6 +246,7 @@ class Learner:
             stream.start()
         self.batcher.start()
         self.publisher.start()
+        self.books.stall.start()
         code, outcome = EXIT_OK, "finished"
         self._last_checkpoint = time.monotonic()
         try:
@@ -268,6 +270,7 @@ class Learner:
             log.error("%s", exc)
         finally:
             self._finishing = True
+            self.books.stall.stop()
             if s.finishing_file:
                 Path(s.finishing_file).touch()
             self.batcher.stop()

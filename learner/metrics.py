@@ -30,6 +30,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hetrl.learner.connections import stream_counters
+from hetrl.learner.stalls import StallWatch
 from hetrl.learner.verdict import judge
 from hetrl.rollout.errors import ConfigError
 
@@ -44,51 +45,6 @@ _learner_log = logging.getLogger("hetrl.learner")  # the run's outcome is the le
 
 TRACK_NEEDS = ("--track logs to Weights & Biases: pip install 'hetrl[track]' (and wandb "
                "login, or WANDB_MODE=offline)")
-
-
-class StallWatch:
-    """Notices when no fragment arrives from any worker for `threshold` seconds while the
-    learner waits: every worker stalled (a hung env everywhere, frozen hosts, a cut
-    network). Warns once per stall as it happens, and when it ends, and adds up the
-    stalled seconds so the verdict can tell a stall from a shortage of workers. It
-    watches from the first fragment on: before it, connect timeouts apply."""
-
-    def __init__(self, threshold: float) -> None:
-        self.threshold = threshold
-        self._last: float | None = None
-        self._warned = False
-        self._stalled = 0.0  # seconds of stalls that have ended
-        self.stalls = 0
-
-    def fragment(self) -> None:
-        """A fragment arrived."""
-        now = time.monotonic()
-        if self._warned and self._last is not None:
-            gap = now - self._last
-            self._stalled += gap
-            log.warning("fragments arrive again after a %.0f s stall", gap)
-            self._warned = False
-        self._last = now
-
-    def waiting(self, workers: int) -> None:
-        """The learner is waiting for fragments (called every fraction of a second)."""
-        if self._last is None:
-            return
-        gap = time.monotonic() - self._last
-        if gap > self.threshold and not self._warned:
-            self._warned = True
-            self.stalls += 1
-            log.warning("no fragment from any of the %d workers for %.0f s: every worker is "
-                        "stalled (an env hung everywhere, frozen env hosts, or the network), "
-                        "which more workers would not fix; training resumes when they do",
-                        workers, gap)
-
-    @property
-    def stalled_seconds(self) -> float:
-        """Seconds spent in stalls, the one going on included."""
-        ongoing = (time.monotonic() - self._last
-                   if self._warned and self._last is not None else 0.0)
-        return self._stalled + ongoing
 
 
 class MetricsWriter:
@@ -444,6 +400,7 @@ class RunBooks:
             "workers_not_stopped": not_stopped,
             "workers_lost": self.workers_lost,
             "stalled_seconds": round(stalled, 2),
+            "learner_frozen_seconds": round(self.stall.frozen_seconds, 2),
             "fragments_lost_in_flight": sum(w["fragments_in_flight"]
                                             for w in self.workers_lost),
             "best": best,
@@ -456,7 +413,7 @@ class RunBooks:
         hosts = {address.rsplit(":", 1)[0] for address in workers}
         verdict = judge(self.wait_seconds, self.train_seconds, self.worker_collect_seconds,
                         self.worker_wait_seconds, len(self.streams), len(hosts),
-                        stalled_seconds=stalled)
+                        stalled_seconds=stalled, env_steps=books.global_step)
         summary["verdict"] = verdict.kind
         summary["verdict_text"] = verdict.text
         write_atomic(self.out / "summary.json", json.dumps(summary, indent=2).encode())

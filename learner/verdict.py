@@ -39,13 +39,20 @@ def judge(
     workers: int,
     env_hosts: int = 1,
     stalled_seconds: float = 0.0,
+    env_steps: int = 0,
 ) -> Verdict:
     """Judge a run from its totals (seconds summed over the run; workers summed too).
-    `stalled_seconds` of the learner's wait had no worker sending anything."""
+    `stalled_seconds` of the learner's wait had no worker sending anything; `env_steps`
+    collected in `worker_collect_seconds` give the env's measured step cost."""
     stall = min(max(stalled_seconds, 0.0), learner_wait_seconds)
     learner_waited = _share(learner_wait_seconds - stall, learner_train_seconds)
     workers_waited = _share(worker_wait_seconds, worker_collect_seconds)
     verdict = _judge(learner_waited, workers_waited, workers, env_hosts)
+    if verdict.kind == "experience-bound" and env_steps and worker_collect_seconds > 0:
+        per_step = worker_collect_seconds / env_steps
+        verdict = dataclasses.replace(verdict, text=(
+            f"{verdict.text}; the envs bound it: a worker makes {1 / per_step:,.0f} env "
+            f"steps/s ({per_step * 1e3:.2f} ms of a worker's time per env step)"))
     if stall <= 0:
         return verdict
     total = learner_wait_seconds + learner_train_seconds

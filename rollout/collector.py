@@ -60,8 +60,17 @@ class Collector:
 
     def collect(self) -> FragmentArrays:
         """Step T times and return the fragment."""
+        fragment = self.collect_unless(None)
+        assert fragment is not None
+        return fragment
+
+    def collect_unless(self, cancelled: Callable[[], bool] | None) -> FragmentArrays | None:
+        """`collect`, or None if `cancelled()` turns true between two steps (a stop: a
+        slow env's fragment is not waited for; what it had stepped is never sent)."""
         start = time.perf_counter()
         while True:
+            if cancelled is not None and cancelled():
+                return None
             actions, logprobs = self.policy.act(self.builder.obs)
             result = self.stepper.step(self.policy.env_actions(actions))
             fragment = self.builder.record(actions, logprobs, result)

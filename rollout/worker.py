@@ -156,7 +156,11 @@ class RolloutWorker(StreamServer):
                     with inbox.cond:
                         inbox.credits += 1
                     continue
-            arrays = self.guarded(context, self._collect)
+            arrays = self.guarded(context, lambda: self._collect(inbox))
+            if arrays is None:  # a Stop came mid-fragment: it is not finished, nor sent
+                self.fragments_lost += 1
+                self._stop(f"learner: {inbox.stop_reason}")
+                return
             message = fragments.serialize(
                 arrays, self.settings.worker_id, self.hello.incarnation,
                 self.sequence, self.version, waited,
@@ -170,9 +174,12 @@ class RolloutWorker(StreamServer):
             self.fragments_sent += 1
             self.delivered(self.fragments_sent)
 
-    def _collect(self) -> fragments.FragmentArrays:
-        """One fragment, its rewards normalised for training (episode returns stay raw)."""
-        arrays = self.collector.collect()
+    def _collect(self, inbox: _Inbox) -> fragments.FragmentArrays | None:
+        """One fragment, its rewards normalised for training (episode returns stay raw);
+        None when the learner's Stop arrives before it is complete."""
+        arrays = self.collector.collect_unless(lambda: inbox.stop_reason is not None)
+        if arrays is None:
+            return None
         if self.normalize_rewards is not None:
             arrays.rewards = self.normalize_rewards(
                 arrays.rewards, arrays.terminated, arrays.truncated, arrays.valid)

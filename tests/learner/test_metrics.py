@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 from hetrl.learner.connections import COUNTERS, StreamFailure
-from hetrl.learner.metrics import RunBooks, StallWatch
+from hetrl.learner.metrics import RunBooks
 from hetrl.learner.settings import LearnerSettings
+from hetrl.learner.stalls import StallWatch
 
 
 class FakeStream:

@@ -268,3 +268,32 @@ def test_a_worker_that_cannot_deliver_ends_the_run_naming_the_cause(tmp_path) ->
     assert summary["outcome"].startswith("failed: worker-0 died 5 times")
     assert summary["verdict"] == "failed"
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
+
+
+def test_a_slow_simulator_is_slow_not_stalled_and_stops_at_once(tmp_path) -> None:
+    """13 ms a step, 8 envs x 64 steps: each fragment takes ~7 s, longer than the 5 s a
+    stop waits and close to the old 10 s stall alarm. Slow is not hung: no stall is
+    reported, a stop ends the fragment in progress at once (cancelled, not awaited), and
+    the verdict names the envs' step cost."""
+    out = tmp_path / "slow"
+    proc, log = start(out, "--env", "tests.fixtures.envs:SlowStep", "--workers", "2",
+                      "--envs-per-worker", "8", "--fragment-length", "64", "--total-steps",
+                      "100000000", env={"HETRL_TEST_STEP_SECONDS": "0.013"})
+    try:
+        wait_for(lambda: step(out) >= 3 * 1024, 180, "three fragments per worker's worth")
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+        stopped = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = log.read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"\nslow env: stopped {stopped:.1f} s after SIGTERM; verdict {summary['verdict_text']}")
+    assert "stalled" not in output and summary["stalled_seconds"] == 0, output[-3000:]
+    assert summary["workers_not_stopped"] == [] and "did not end their streams" not in output
+    assert stopped < 10
+    assert summary["verdict"] == "experience-bound"
+    assert "ms of a worker's time per env step" in summary["verdict_text"]
+    wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
