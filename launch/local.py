@@ -467,9 +467,13 @@ def _watch(workers: Supervisor, learner: Child, finishing: Path, grace: float) -
     while (code := learner.exit_code()) is None:
         workers.poll(may_restart=training)
         time.sleep(0.1)
+    if code < 0:
+        raise ChildFailedError(f"the learner was killed by {signal.Signals(-code).name} "
+                               "(out of memory, or someone's kill?); its last checkpoint "
+                               "stands")
     if code != EXIT_OK:
-        raise ChildFailedError(f"the learner exited with code {code}; its last lines are "
-                               "above")
+        raise ChildFailedError(f"the learner exited with code {code}; its error is the last "
+                               "ERROR line above")
     workers.finish(grace)
     return EXIT_OK
 

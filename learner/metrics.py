@@ -52,11 +52,13 @@ class MetricsWriter:
 
     def __init__(self, out_dir: Path, progress: bool = True, progress_every: float = 2.0,
                  wall_offset: float = 0.0, settings: dict | None = None,
-                 track: dict | None = None) -> None:
+                 track: dict | None = None, resume_step: int | None = None) -> None:
         """Args:
             settings: the run's settings, written to TensorBoard as text and hparams.
             track: Weights & Biases project/entity/name (CleanRL's --track): the run's
                 TensorBoard scalars are mirrored there (wandb's sync_tensorboard).
+            resume_step: the step of the checkpoint a resumed run continues from: rows of
+                metrics.jsonl past it are cut and TensorBoard's events past it purged.
         """
         from torch.utils.tensorboard import SummaryWriter  # heavy import, learner only
 
@@ -64,6 +66,8 @@ class MetricsWriter:
         self._settings = dict(settings or {})
         self._wandb = _start_wandb(track, self._settings, out_dir) if track else None
         self._jsonl_path, self._tb_path = out_dir / "metrics.jsonl", out_dir / "tb"
+        if resume_step is not None:
+            _cut_after(self._jsonl_path, resume_step)
         self._jsonl = None
         self._tb = None
         try:
@@ -71,7 +75,8 @@ class MetricsWriter:
         except OSError as exc:
             self._give_up("_jsonl", self._jsonl_path, exc)
         try:
-            self._tb = SummaryWriter(str(self._tb_path))
+            self._tb = SummaryWriter(str(self._tb_path), purge_step=(
+                None if resume_step is None else resume_step + 1))
             _quiet_tensorboard_thread()
             if self._settings:
                 self._tb.add_text("settings", _markdown_table(self._settings))
@@ -284,8 +289,12 @@ class RunBooks:
         s = self.settings
         track = ({"project": s.wandb_project, "entity": s.wandb_entity, "name": self.out.name}
                  if s.track else None)
+        # A resumed run continues its metrics from the checkpoint: rows written after it
+        # by the run that died are dropped, so no step appears twice.
+        resume_step = self.start_step if self.resumed_from else None
         self.metrics = MetricsWriter(self.out, progress=s.progress, wall_offset=self.wall_before,
-                                     settings=dataclasses.asdict(s), track=track)
+                                     settings=dataclasses.asdict(s), track=track,
+                                     resume_step=resume_step)
         self._session_start = time.monotonic()
         self.opened_unix = time.time()
         return self.metrics
@@ -433,6 +442,27 @@ class RunBooks:
         self.metrics.final({"mean_return_100": self.mean_return_100,
                             "global_step": self.batcher.global_step})
         self.metrics.close()
+
+
+def _cut_after(path: Path, step: int) -> None:
+    """Keep only the rows of a metrics file up to `step` (whole or not at all)."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line)["global_step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError):  # a row cut short by the crash
+            continue
+    if len(kept) == len(lines):
+        return
+    log.info("resuming at step %s: %d rows of %s written after that checkpoint were dropped",
+             f"{step:,}", len(lines) - len(kept), path.name)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
 
 
 def _quiet_tensorboard_thread() -> None:

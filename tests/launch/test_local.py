@@ -222,7 +222,7 @@ def test_killed_learner_stops_everything(tmp_path: Path) -> None:
     os.kill(learner[0], signal.SIGKILL)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, output
-    assert "learner exited" in output
+    assert "the learner was killed by SIGKILL" in output
     wait_for(lambda: processes_mentioning(str(out)) == [], timeout=30, what="children to exit")
 
 

@@ -49,3 +49,36 @@ def test_a_resumed_run_reports_the_whole_run(tmp_path: Path) -> None:
     walls = [r["wall_seconds"] for r in records]
     assert walls == sorted(walls)  # metrics.jsonl's clock goes on across the resume
     assert abs(reported - second["global_step"] / second["wall_seconds"]) < 2
+
+
+def test_after_a_killed_learner_a_resume_writes_no_step_twice(tmp_path: Path) -> None:
+    """The learner killed after its last periodic checkpoint: the rows it wrote since are
+    cut on --resume, so metrics.jsonl counts every step once, and the message that the
+    learner died names the signal (there are no lines of it to point at)."""
+    import os
+    import signal
+
+    from tests.helpers import processes_mentioning, wait_for
+
+    out = tmp_path / "run"
+    proc = hetrl("local", "--out", str(out), "--workers", "1", "--envs-per-worker", "4",
+                 "--fragment-length", "32", "--total-steps", "100000000", "--no-progress",
+                 "--checkpoint-every", "2")
+    checkpoints = out / "checkpoints"
+    wait_for(lambda: checkpoints.exists() and any(checkpoints.glob("ckpt-*.pt")), 120,
+             "a periodic checkpoint")
+    metrics = out / "metrics.jsonl"
+    at = metrics.read_text().count("\n")
+    wait_for(lambda: metrics.read_text().count("\n") > at + 20, 60, "rows past the checkpoint")
+    [learner] = processes_mentioning(str(out / "launch" / "learner.json"))
+    os.kill(learner, signal.SIGKILL)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "the learner was killed by SIGKILL" in output, output[-2000:]
+    rows_before = [json.loads(line)["global_step"] for line in metrics.read_text().splitlines()]
+    second = run(out, max(rows_before) + 2000, "--resume")
+    steps = [json.loads(line)["global_step"] for line in metrics.read_text().splitlines()]
+    # Rows of the dead run past its checkpoint would go back in steps after it.
+    assert steps == sorted(steps), steps
+    assert steps[-1] == second["global_step"]
+    assert any(s > max(rows_before) for s in steps)  # it went on past where it died
