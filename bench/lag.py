@@ -97,6 +97,7 @@ def run_one(condition: str, setting: str, seed: int, s: Settings) -> dict[str, A
     try:
         result = run_local(env=spec.get("env", "CartPole-v1"), total_steps=s.total_steps,
                            seed=seed, out=str(out), progress=False, report=False,
+                           metrics_every=0,  # a row per update: the whole curve
                            **spec.get("settings", {}), **SETTINGS[setting])
     finally:
         for loop in loops:

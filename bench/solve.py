@@ -85,8 +85,10 @@ def run_seed(seed: int, s: Settings) -> dict:
     start = time.perf_counter()
     watcher = Watcher(out / "metrics.jsonl", start)
     watcher.start()
+    # A metrics row per update (not hetrl's 2 s rate), so the watcher sees the moment.
     result = run_local(env=s.env, workers=s.workers, envs_per_worker=s.envs_per_worker,
-                       total_steps=s.total_steps, seed=seed, out=str(out), progress=False)
+                       total_steps=s.total_steps, seed=seed, out=str(out), progress=False,
+                       metrics_every=0)
     total = time.perf_counter() - start
     watcher.done.set()
     watcher.join(5)

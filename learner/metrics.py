@@ -30,6 +30,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hetrl.learner.connections import stream_counters
+from hetrl.learner.rows import Rows
 from hetrl.learner.stalls import StallWatch
 from hetrl.learner.verdict import judge
 from hetrl.rollout.errors import ConfigError
@@ -204,6 +205,8 @@ class RunBooks:
         self.extra_metrics: Callable[[], dict[str, float]] | None = None
         self.summary_extras: Callable[[], dict[str, float]] | None = None
         """More summary fields from the learner (central inference's passes and rows)."""
+        self.rows = Rows(settings.metrics_every)
+        self.version = 0
         self.wait_seconds = 0.0  # the learner waiting for a batch, summed
         self.train_seconds = 0.0  # the learner updating, summed
         self.batch_wait_seconds = 0.0  # the wait for the latest batch
@@ -337,38 +340,44 @@ class RunBooks:
         self.worker_collect_seconds += collect
         self.worker_wait_seconds += waited
         lags = [version - 1 - f.policy_version for f in infos]
-        busy = self.wait_seconds + self.train_seconds
-        stats = {
+        self.rows.add({
             **stats,
-            # This process's rate: steps of a resumed run were made by an earlier one.
-            "charts/SPS": (books.global_step - self.start_step)
-            / max(metrics.session_seconds, 1e-9),
             "charts/learning_rate": learning_rate,
-            "charts/policy_version": float(version),
-            "charts/policy_lag": float(np.mean(lags)),
-            "charts/policy_lag_max": float(np.max(lags)),
-            "charts/fragments_dropped_lag": float(books.dropped_lag),
-            "charts/fragments_per_batch": float(len(infos)),
-            "charts/episodes": float(books.episodes),
-            "charts/learner_wait_fraction": self.wait_seconds / max(busy, 1e-9),
             "charts/worker_wait_seconds": float(np.mean([f.wait_seconds for f in infos])),
             "utilisation/learner_busy_fraction":
                 train_seconds / max(train_seconds + self.batch_wait_seconds, 1e-9),
             "utilisation/worker_busy_fraction": collect / max(collect + waited, 1e-9),
+        }, lags, ready.episode_returns, ready.episode_lengths)
+        self.version = version
+        # This process's rate: steps of a resumed run were made by an earlier one.
+        sps = (books.global_step - self.start_step) / max(metrics.session_seconds, 1e-9)
+        if self.rows.due(time.monotonic()):
+            self._write_row(sps)
+        mean = float(np.mean(books.recent_returns)) if books.recent_returns else float("nan")
+        metrics.progress(books.global_step, self.settings.total_steps, sps, {
+            "return(100)": f"{mean:.1f}", "lag": f"{float(np.mean(lags)):.1f}",
+            "dropped": str(books.dropped_lag)})
+
+    def _write_row(self, sps: float) -> None:
+        """A row of metrics.jsonl and TensorBoard: the updates since the last row, and
+        the run's figures now."""
+        assert self.metrics is not None
+        books = self.batcher
+        busy = self.wait_seconds + self.train_seconds
+        row = {
+            **self.rows.take(time.monotonic()),
+            "charts/SPS": sps,
+            "charts/policy_version": float(self.version),
+            "charts/fragments_dropped_lag": float(books.dropped_lag),
+            "charts/episodes": float(books.episodes),
+            "charts/learner_wait_fraction": self.wait_seconds / max(busy, 1e-9),
             **self.sampler.sample(),
         }
         if self.extra_metrics is not None:
-            stats.update(self.extra_metrics())
-        if len(ready.episode_returns):
-            stats["charts/episodic_return"] = float(ready.episode_returns.mean())
-            stats["charts/episodic_length"] = float(ready.episode_lengths.mean())
+            row.update(self.extra_metrics())
         if books.recent_returns:
-            stats["charts/mean_return_100"] = float(np.mean(books.recent_returns))
-        metrics.log(books.global_step, stats)
-        mean = stats.get("charts/mean_return_100", float("nan"))
-        metrics.progress(books.global_step, self.settings.total_steps, stats["charts/SPS"], {
-            "return(100)": f"{mean:.1f}", "lag": f"{stats['charts/policy_lag']:.1f}",
-            "dropped": str(books.dropped_lag)})
+            row["charts/mean_return_100"] = float(np.mean(books.recent_returns))
+        self.metrics.log(books.global_step, row)
 
     # -- at the end ----------------------------------------------------------------
     def write_summary(self, outcome: str, version: int, not_stopped: list[str],
@@ -383,6 +392,9 @@ class RunBooks:
         from hetrl.learner.checkpoint import write_atomic
 
         assert self.metrics is not None, "open() first"
+        if self.rows.updates:  # the last updates' row
+            self._write_row((self.batcher.global_step - self.start_step)
+                            / max(self.metrics.session_seconds, 1e-9))
         books, stalled = self.batcher, self.stalled_seconds
         workers = [stream.address for stream in self.streams]
         summary = {

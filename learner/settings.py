@@ -137,6 +137,10 @@ class OutputSettings:
     """Output directory: metrics.jsonl, TensorBoard events, model.safetensors. Empty: a new
     runs/<env>__seed<seed>__<date-time> for every run. A run refuses a directory that holds
     files unless --resume (continue it) or --overwrite (start it again) is given."""
+    metrics_every: float = 2.0
+    """Seconds between rows of metrics.jsonl and TensorBoard; each row averages the
+    updates since the last one and the episodes that ended in them. 0: a row after every
+    update (the curve's finest grain, and the most bytes on a long job)."""
     progress: bool = True
     """Show progress: a bar with percent, steps/s, ETA, return and lag on a terminal, a
     line every few seconds otherwise."""
@@ -149,6 +153,7 @@ class OutputSettings:
     """Weights & Biases entity (team or user; empty: your default)."""
 
     def __post_init__(self) -> None:
+        require(self.metrics_every >= 0, "--metrics-every must be >= 0 (0: every update)")
         _chain_post_init(self, OutputSettings)
 
 
