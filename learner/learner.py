@@ -136,8 +136,7 @@ class Learner:
         )
         self.books = RunBooks(settings, self.out, self.streams, self.batcher, stall,
                               UtilisationSampler(self.device))
-        if self.inference is not None:
-            self.books.summary_extras = self.inference.stats
+        self.books.summary_extras = self._summary_extras
         if resumed is not None:
             path, step, totals = resumed
             self.batcher.global_step = step
@@ -148,6 +147,12 @@ class Learner:
         self.evals = PeriodicEval(self.out, settings.eval_every, settings)
         # The best policy by training return (with --eval-every the evaluator keeps it).
         self.best = BestPolicy(self.out, enabled=not settings.eval_every)
+
+    def _summary_extras(self) -> dict[str, float]:
+        extras: dict[str, float] = {"weights_publish_failures": self.publisher.failures}
+        if self.inference is not None:
+            extras.update(self.inference.stats())
+        return extras
 
     @property
     def extra_metrics(self) -> Callable[[], dict[str, float]] | None:
@@ -319,6 +324,7 @@ class Learner:
         ready = None
         while ready is None and self._stop_reason is None:
             check_inference_alive(self.inference)
+            self.publisher.check()
             ready = self.batcher.next(timeout=0.5)
             if ready is None and self.batcher.spent:
                 break

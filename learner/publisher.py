@@ -7,7 +7,9 @@ thread ("weights-publisher") takes the newest offered snapshot, copies it to the
 CUDA: on its own stream, after an event, so the copy overlaps the next update), encodes it
 once as a Weights message and hands it to every stream, whose outbox keeps only the newest.
 Older snapshots not yet published are skipped: workers always get the newest weights,
-never a backlog. Under central inference no worker takes weights: the snapshot is loaded
+never a backlog. A failed publication is logged and counted (the workers keep their
+last weights); MAX_FAILURES_IN_A_ROW of them end the run through `check`, which the
+training thread calls. Under central inference no worker takes weights: the snapshot is loaded
 into the inference thread's copy of the policy instead (learner/inference.py), and the
 credits held meanwhile still go out only after it. It never trains and never decides
 which weights are good.
@@ -26,8 +28,12 @@ from hetrl.learner.connections import CreditSink
 from hetrl.learner.inference import InferenceServer
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
+from hetrl.rollout.errors import HetrlError
 
 log = logging.getLogger("hetrl.learner")
+
+MAX_FAILURES_IN_A_ROW = 3
+"""Failed publications in a row that end the run (a single one is counted and survived)."""
 
 
 def weights_message(version: int, state: dict[str, torch.Tensor]) -> hetrl_pb2.Weights:
@@ -54,6 +60,11 @@ class Publisher:
         self._deferred: list[tuple[CreditSink, int]] = []
         self.published_version = -1
         self.skipped = 0
+        self.failures = 0
+        self._failures_in_a_row = 0
+        self.failure: BaseException | None = None
+        """Set after MAX_FAILURES_IN_A_ROW failed publications: workers would sample
+        with ever older weights, so the run ends (see `check`)."""
         self._thread = threading.Thread(target=self._run, name="weights-publisher", daemon=True)
 
     def start(self) -> None:
@@ -71,6 +82,17 @@ class Publisher:
                 self.skipped += 1
             self._pending = (version, state, event)
             self._cond.notify_all()
+
+    def check(self) -> None:
+        """Raise if publishing has failed too often in a row to train on.
+
+        Raises:
+            HetrlError: naming the last failure.
+        """
+        if self.failure is not None:
+            raise HetrlError(f"publishing weights failed {MAX_FAILURES_IN_A_ROW} times in a "
+                             f"row, the last: {self.failure!r}; the workers would keep "
+                             "sampling with old weights")
 
     def return_credit(self, stream: CreditSink, generation: int) -> None:
         """Return a worker's credit, but never before the newest offered weights have
@@ -110,8 +132,15 @@ class Publisher:
                     if self._on_published is not None:
                         self._on_published(message)
                 self.published_version = version
-            except Exception:  # a bug; workers keep their last weights, training goes on
-                log.exception("publishing weights version %d failed", version)
+            except Exception as exc:  # workers keep their last weights; counted
+                self.failures += 1
+                self._failures_in_a_row += 1
+                log.exception("publishing weights version %d failed (%d in a row)", version,
+                              self._failures_in_a_row)
+                if self._failures_in_a_row >= MAX_FAILURES_IN_A_ROW:
+                    self.failure = exc  # the training thread ends the run with it
+            else:
+                self._failures_in_a_row = 0
             with self._cond:
                 self._publishing = False
                 credits = [] if self._pending is not None else self._deferred

@@ -447,3 +447,35 @@ def test_central_batches_take_one_fragment_per_worker_and_hold_the_rest_back() -
         assert fast.credits == 2 and slow.credits == 2
     finally:
         batcher.stop()
+
+
+def test_failed_publications_are_counted_and_three_in_a_row_end_the_run() -> None:
+    from hetrl.learner.publisher import MAX_FAILURES_IN_A_ROW
+    from hetrl.rollout.errors import HetrlError
+
+    class Broken(FakeStream):
+        fail = True
+
+        def push_weights(self, weights) -> None:
+            if self.fail:
+                raise OSError("network gone")
+            super().push_weights(weights)
+
+    stream = Broken()
+    publisher = Publisher([stream], torch.device("cpu"))
+    publisher.start()
+    try:
+        publisher.offer(1, {"w": torch.ones(2)})
+        wait_for(lambda: publisher.failures == 1, 10, "a failed publication")
+        publisher.check()  # one is survived
+        stream.fail = False
+        publisher.offer(2, {"w": torch.ones(2)})
+        wait_for(lambda: publisher.published_version == 2, 10, "a good one")
+        stream.fail = True
+        for version in range(3, 3 + MAX_FAILURES_IN_A_ROW):
+            publisher.offer(version, {"w": torch.ones(2)})
+            wait_for(lambda v=version: publisher.failures == v - 1, 10, "a failure")
+        with pytest.raises(HetrlError, match="failed 3 times in a row.*network gone"):
+            publisher.check()
+    finally:
+        publisher.close()
