@@ -85,8 +85,8 @@ class RunResult:
         where the outputs are, and how to continue a run that was stopped."""
         s = self.summary
         if not s:
-            return [] if self.ok else [f"no summary was written; the run's files are in "
-                                       f"{self.out}"]
+            return [] if self.ok else [f"nothing was trained (its logs are in {self.out}); "
+                                       "fix the cause above and run again"]
         timing = s.get("timing", {})
         parts = [f"{name} {_seconds(timing.get(key))}" for name, key in (
             ("start-up", "startup_seconds"), ("training", "training_seconds"),

@@ -127,9 +127,12 @@ def wait_ready_file(child: Child, path: Path, timeout: float,
             return json.loads(path.read_text())["address"]
         code = child.exit_code()
         if code is not None:
-            raise ChildFailedError(
-                f"{child.name} exited with code {code} before it was ready:\n{child.log_tail()}"
-            )
+            from hetrl.launch.supervisor import last_error_line
+
+            where = (f"; the traceback is in {child.log_path}" if child.log_path is not None
+                     else "")
+            raise ChildFailedError(f"{child.name} exited with code {code} before it was "
+                                   f"ready: {last_error_line(child.log_tail(200))}{where}")
         time.sleep(0.05)
     raise ChildFailedError(
         f"{child.name} was not ready within {timeout:.0f} s ({timeout_flag}):\n"

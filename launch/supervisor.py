@@ -81,12 +81,16 @@ class _Deaths:
 
 
 def last_error_line(log_tail: str) -> str:
-    """The line of a worker's log that says why it died: the last exception or error."""
+    """The line of a worker's log that says why it died: its last ERROR record's first
+    line (hetrl's own words), else the last exception's line."""
     lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
     for line in reversed(lines):
-        if "Error" in line or "Exception" in line or " ERROR " in line:
-            return line[:300]
-    return lines[-1][:300] if lines else "(its log is empty)"
+        if " ERROR " in line:
+            return line.split(" ERROR ", 1)[1][:400]
+    for line in reversed(lines):
+        if "Error" in line or "Exception" in line:
+            return line[:400]
+    return lines[-1][:400] if lines else "(its log is empty)"
 
 
 class Supervisor:
@@ -183,10 +187,10 @@ class Supervisor:
             if code == EXIT_UNHEALTHY:
                 rule = self.settings_for(i, self.ports[i], "")
                 raise ChildFailedError(
-                    f"{worker.name} is unhealthy: its env kept failing after being recreated "
+                    f"{worker.name} is unhealthy, its env kept failing after being recreated "
                     f"(--env-failure-rate {rule.env_failure_rate} over --env-failure-window "
-                    f"{rule.env_failure_window}). Fix the env; its last error:\n"
-                    f"{worker.log_tail()}"
+                    f"{rule.env_failure_window}): {last_error_line(worker.log_tail(200))}. "
+                    f"Fix the env; the traceback is in {worker.log_path}"
                 )
             if not restartable(code):
                 continue

@@ -256,7 +256,7 @@ class EnvGuard(gym.Wrapper):
         try:
             obs, reward, terminated, truncated, info = self.env.step(action)
         except Exception:
-            return self._recover(FAULT_ERROR, traceback.format_exc())
+            return self._recover(FAULT_ERROR, traceback.format_exc(), "step")
         self._check_shape(obs)
         if not (_finite(obs) and _finite(reward)):
             return self._recover(FAULT_NONFINITE, f"non-finite output: reward {reward}, "
@@ -268,23 +268,25 @@ class EnvGuard(gym.Wrapper):
         try:
             obs, info = self.env.reset(seed=seed, options=options)
         except Exception:
-            obs, _, _, _, info = self._recover(FAULT_ERROR, traceback.format_exc())
+            obs, _, _, _, info = self._recover(FAULT_ERROR, traceback.format_exc(), "reset")
             return obs, info
         self._check_shape(obs)
         if not _finite(obs):
             obs, _, _, _, info = self._recover(
-                FAULT_NONFINITE, f"non-finite first observation {np.asarray(obs).tolist()}")
+                FAULT_NONFINITE, f"non-finite first observation {np.asarray(obs).tolist()}",
+                "reset")
         return obs, info
 
-    def _recover(self, kind: int, detail: str):
+    def _recover(self, kind: int, detail: str, call: str = "step"):
+        name = self._spec.id if self._spec else type(self.env).__name__
         if kind == FAULT_NONFINITE and self.nonfinite == "fail":
-            raise NonFiniteError(f"env {self._spec.id if self._spec else ''}: {detail} "
-                                 "(--nonfinite fail)")
+            raise NonFiniteError(f"env {name}: {detail} (--nonfinite fail)")
         while True:
             if self.budget.fail():
+                # The first line says it all; the traceback follows for the log.
                 raise EnvUnhealthyError(
-                    f"env keeps failing: {self.budget.describe()}; last failure:\n{detail}"
-                )
+                    f"env {name}: its {call} failed, and keeps failing when the env is "
+                    f"recreated ({self.budget.describe()}): {_last_line(detail)}\n{detail}")
             log.warning("env failed (%s); recreating it:\n%s",
                         "exception" if kind == FAULT_ERROR else "non-finite", detail)
             try:
@@ -307,6 +309,12 @@ class EnvGuard(gym.Wrapper):
             info = dict(info)
             info[FAULT_KEY] = kind
             return obs, 0.0, False, False, info
+
+
+def _last_line(detail: str) -> str:
+    """The line of a traceback (or a note) that names what went wrong."""
+    lines = [line.strip() for line in detail.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no detail)"
 
 
 def make_vector_env(

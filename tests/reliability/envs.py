@@ -196,3 +196,12 @@ class DiesEvery(Counting):
                 self.total_steps >= int(os.environ.get("HETRL_TEST_DIE_AFTER", "3000"))):
             print("MemoryError: simulator leaked (test fault)", flush=True)
             os._exit(9)
+
+
+class ResetFails(Counting):
+    """Every reset raises: a simulator that cannot start (a missing licence, a bad path)."""
+
+    made = itertools.count()
+
+    def reset(self, *, seed=None, options=None):
+        raise FileNotFoundError("scene file /data/scene.xml not found (test fault)")

@@ -108,3 +108,20 @@ def test_observation_of_the_wrong_shape_names_both_shapes() -> None:
         c.collect()
     message = str(info.value)
     assert "shape (3,)" in message and "has shape (2,)" in message, message
+
+
+def test_an_env_that_cannot_reset_is_one_line_naming_the_call_and_the_log(tmp_path) -> None:
+    from tests.helpers import hetrl
+
+    out = tmp_path / "r"
+    proc = hetrl("local", "--env", "tests.reliability.envs:ResetFails", "--out", str(out),
+                 "--total-steps", "20000")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output
+    assert "Traceback" not in output, output  # the wall of tracebacks stays in the log
+    [line] = [line for line in output.splitlines() if "before it was ready" in line]
+    assert "env tests.reliability.envs:ResetFails: its reset failed" in line
+    assert "FileNotFoundError: scene file /data/scene.xml not found" in line
+    log = line.rsplit("the traceback is in ", 1)[1]
+    assert "Traceback" in open(log).read()
+    assert output.rstrip().splitlines()[-1].startswith("hetrl: nothing was trained")
