@@ -105,7 +105,10 @@ class RunResult:
         lines.append(f"model and metrics in {self.out}" + (
             "; `hetrl enjoy` plays the best policy, `--which final` the last"
             if best else ""))
-        if outcome.startswith("stopped") or self.exit_code not in (0,):
+        if outcome.startswith("failed"):
+            lines.append(f"to continue this run once the cause is fixed: hetrl local --out "
+                         f"{self.out} --resume")
+        elif outcome.startswith("stopped") or self.exit_code != 0:
             lines.append(f"to continue this run: hetrl local --out {self.out} --resume")
         return lines
 
@@ -382,8 +385,11 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
         addresses_file.unlink(missing_ok=True)
         # The learner starts first and imports while the workers start; it waits for
         # their addresses, which exist once every worker listens.
+        stop_reason = run_dir / "stop-reason"
+        stop_reason.unlink(missing_ok=True)
         learner_settings = pick(LearnerSettings, settings, addresses_file=str(addresses_file),
-                                finishing_file=str(finishing), write_settings=False)
+                                finishing_file=str(finishing), write_settings=False,
+                                stop_reason_file=str(stop_reason))
         learner = spawn("learner", "hetrl.learner.learner", learner_settings, run_dir, env,
                         log_to_file=False, new_session=True)
         addresses = workers.start_and_wait(settings.workers, settings.startup_timeout)
@@ -408,6 +414,10 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
     except ChildFailedError as exc:
         say(str(exc))
         events.failure = str(exc)
+        # The learner's summary names this cause, not "stopped: signal SIGTERM".
+        tmp = run_dir / ".stop-reason.tmp"
+        tmp.write_text(str(exc).strip().splitlines()[0])
+        tmp.replace(run_dir / "stop-reason")
         _stop_learner_first(learner, signal.SIGTERM, settings.shutdown_grace)
         stop_all(children(), settings.shutdown_grace)
         return EXIT_FAILED

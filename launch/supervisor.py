@@ -29,7 +29,7 @@ from pathlib import Path
 
 from hetrl.launch.processes import Child, spawn, stop_all, wait_all, wait_ready_file
 from hetrl.rollout.errors import ChildFailedError
-from hetrl.rollout.exits import EXIT_OK, EXIT_UNHEALTHY
+from hetrl.rollout.exits import EXIT_ENV_BROKEN, EXIT_OK, EXIT_UNHEALTHY
 from hetrl.rollout.settings import WorkerSettings
 
 # Restarts of one worker per window before they back off, the longest back-off, and how
@@ -49,7 +49,7 @@ an empty ready_file writes none."""
 def restartable(code: int | None) -> bool:
     """Whether a worker that exited with `code` is restarted: not while it runs, not after
     a clean exit (a stop on purpose), not when its env keeps failing (unhealthy)."""
-    return code not in (None, EXIT_OK, EXIT_UNHEALTHY)
+    return code not in (None, EXIT_OK, EXIT_UNHEALTHY, EXIT_ENV_BROKEN)
 
 
 def _to_stderr(message: str) -> None:
@@ -192,6 +192,11 @@ class Supervisor:
                     f"{rule.env_failure_window}): {last_error_line(worker.log_tail(200))}. "
                     f"Fix the env; the traceback is in {worker.log_path}"
                 )
+            if code == EXIT_ENV_BROKEN:
+                raise ChildFailedError(
+                    f"{worker.name} stopped: the env is broken, "
+                    f"{last_error_line(worker.log_tail(200))} A restart cannot fix that; "
+                    f"the traceback is in {worker.log_path}")
             if not restartable(code):
                 continue
             while len(self.deaths) <= i:

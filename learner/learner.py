@@ -287,7 +287,9 @@ class Learner:
             not_stopped = self._stop_workers(outcome)
             try:
                 self.books.write_summary(outcome, self.version, not_stopped,
-                                         best=self.best.summary())
+                                         best=self.best.summary(),
+                                         failure=self._stop_reason if self._stop_failed
+                                         else None)
             except OutputError as exc:
                 log.error("%s", exc)
                 failed = True
@@ -426,7 +428,11 @@ def run_learner(settings: LearnerSettings, token: str | None = None) -> int:
     learner = Learner(settings, token or token_from_env())
 
     def on_signal(signum, _frame):
-        learner.request_stop(stop_reason(signum))
+        cause = Path(settings.stop_reason_file) if settings.stop_reason_file else None
+        if cause is not None and cause.exists():  # the launcher says why it stops us
+            learner.request_stop(cause.read_text().strip(), failed=True)
+        else:
+            learner.request_stop(stop_reason(signum))
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)

@@ -381,9 +381,11 @@ class RunBooks:
 
     # -- at the end ----------------------------------------------------------------
     def write_summary(self, outcome: str, version: int, not_stopped: list[str],
-                      best: dict | None = None) -> None:
+                      best: dict | None = None, failure: str | None = None) -> None:
         """Write summary.json with the verdict, and log both; `best`: the best policy
-        kept so far (learner/best.py), if any.
+        kept so far (learner/best.py), if any; `failure`: why the run failed from
+        outside the learner (a worker that cannot go on), which is then the verdict: no
+        sizing advice for a broken env.
 
         Raises:
             OutputError: summary.json could not be written (a full disk).
@@ -435,6 +437,8 @@ class RunBooks:
         verdict = judge(self.wait_seconds, self.train_seconds, self.worker_collect_seconds,
                         self.worker_wait_seconds, len(self.streams), len(hosts),
                         stalled_seconds=stalled, env_steps=books.global_step)
+        if failure is not None:
+            verdict = dataclasses.replace(verdict, kind="failed", text=failure)
         summary["verdict"] = verdict.kind
         summary["verdict_text"] = verdict.text
         write_atomic(self.out / "summary.json", json.dumps(summary, indent=2).encode())
@@ -444,7 +448,8 @@ class RunBooks:
         _learner_log.info("%s: %s steps in %.1f s, mean return(100) %s%s", outcome,
                           f"{books.global_step:,}", self.metrics.wall_seconds,
                           "-" if mean is None else f"{mean:,.1f}", best_text)
-        _learner_log.info("bottleneck: %s", verdict.text)
+        if failure is None:
+            _learner_log.info("bottleneck: %s", verdict.text)
 
     def close(self) -> None:
         """The run's settings against its final figures (TensorBoard hparams); close the

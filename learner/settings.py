@@ -215,6 +215,10 @@ class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSett
     connect_timeout: float = 120.0
     """Seconds to keep retrying a worker that is not reachable yet (names resolving late,
     workers starting) before giving up on it."""
+    stop_reason_file: str = ""
+    """If set, a stop by signal reads why from this file when it exists (a launcher that
+    ends the run because a worker cannot go on writes the cause there first); the run
+    then counts as failed, with that cause as its outcome."""
     write_settings: bool = True
     """Write these settings to <out>/settings.json; a launcher that writes its whole
     command's settings there instead (workers, envs per worker, ...) turns this off."""

@@ -36,10 +36,10 @@ from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
 from hetrl.rollout.envs import action_dtype, make_vector_env
 from hetrl.rollout.errors import WireFormatError
-from hetrl.rollout.exits import EXIT_FAILED, EXIT_UNHEALTHY
 from hetrl.rollout.lifetime import exit_now
 from hetrl.rollout.serving import (
     StreamServer,
+    exit_code_of,
     read_requests,
     run_main,
     serve_until_stopped,
@@ -240,8 +240,7 @@ def run_env_server(settings: WorkerSettings) -> int:
     """Serve until stopped; return the process exit code."""
     server = EnvServer(settings)
     code = serve_until_stopped(server, server.receive_limit())
-    if server.failure is not None:
-        code = EXIT_UNHEALTHY if server.unhealthy else EXIT_FAILED
+    code = exit_code_of(server, code)
     log.info("env server %d stopped (%s): %d env steps sent over %d streams, %d malformed "
              "requests refused", settings.worker_id, server.stop_reason or "no learner",
              server.steps_sent, server.streams_served, server.messages_malformed)

@@ -20,6 +20,9 @@ EXIT_UNHEALTHY = 4
 """A worker's env keeps failing after being recreated: a restart would fail the same way."""
 EXIT_HUNG = 5
 """A worker's env call outlived --step-timeout; its watchdog ended it for a restart."""
+EXIT_ENV_BROKEN = 6
+"""A worker's env breaks its own contract (an observation not of its space's shape): a
+bug in the env, which no restart fixes."""
 EXIT_INTERRUPTED = 130
 """A launcher stopped by Ctrl-C (or by a SIGTERM some child did not honour), as shells
 report SIGINT."""

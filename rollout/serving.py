@@ -33,8 +33,15 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hetrl.protos import hetrl_pb2
-from hetrl.rollout.errors import EnvUnhealthyError, HetrlError, NonFiniteError
-from hetrl.rollout.exits import EXIT_FAILED, EXIT_HUNG, EXIT_NO_LEARNER, EXIT_OK, EXIT_UNHEALTHY
+from hetrl.rollout.errors import EnvShapeError, EnvUnhealthyError, HetrlError, NonFiniteError
+from hetrl.rollout.exits import (
+    EXIT_ENV_BROKEN,
+    EXIT_FAILED,
+    EXIT_HUNG,
+    EXIT_NO_LEARNER,
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+)
 from hetrl.rollout.lifetime import start_child
 from hetrl.rollout.settings import WorkerSettings, from_json
 from hetrl.rollout.transport import create_server, token_from_env, transport_options
@@ -66,6 +73,7 @@ class StreamServer:
         self.stop_reason = ""
         self.failure: str | None = None
         self.unhealthy = False
+        self.env_broken = False  # a bug in the env (EnvShapeError), not a failure rate
         self.messages_malformed = 0
         self.health = health.HealthServicer()
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -129,6 +137,7 @@ class StreamServer:
         except (EnvUnhealthyError, NonFiniteError) as exc:
             log.error("%s", exc)  # the env's traceback, for the user and the supervisor
             self.unhealthy = True
+            self.env_broken = isinstance(exc, EnvShapeError)
             self.failure = f"{type(exc).__name__}: {exc}"
             self._stop("unhealthy env")
             context.abort(grpc.StatusCode.INTERNAL, f"worker unhealthy: {exc}"[:2000])
@@ -276,12 +285,24 @@ def serve_until_stopped(worker: StreamServer, max_receive_bytes: int) -> int:
     return code
 
 
+def exit_code_of(server: StreamServer, code: int) -> int:
+    """A worker's exit code once it has stopped serving: its failure's, if it failed."""
+    if server.failure is None:
+        return code
+    if server.env_broken:
+        return EXIT_ENV_BROKEN
+    return EXIT_UNHEALTHY if server.unhealthy else EXIT_FAILED
+
+
 def run_main(argv: list[str] | None, run: Callable[[WorkerSettings], int]) -> int:
     """A worker process's main: settings from the launcher's file, `run` them, and turn
     a hetrl error into its exit code with the reason in the log."""
     settings_file = start_child(argv)
     try:
         return run(from_json(WorkerSettings, settings_file.read_text()))
+    except EnvShapeError as exc:  # the env's own contract broken at the first reset
+        log.error("%s", exc)
+        return EXIT_ENV_BROKEN
     except (EnvUnhealthyError, NonFiniteError) as exc:  # already failing at the first reset
         log.error("%s", exc)
         return EXIT_UNHEALTHY

@@ -33,7 +33,6 @@ from hetrl.rollout import fragments, wire
 from hetrl.rollout.collector import Collector
 from hetrl.rollout.envs import make_vector_env
 from hetrl.rollout.errors import ConfigError, NonFiniteError, WireFormatError
-from hetrl.rollout.exits import EXIT_FAILED, EXIT_UNHEALTHY
 from hetrl.rollout.lifetime import exit_now
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.rewards import RewardNormalizer
@@ -42,6 +41,7 @@ from hetrl.rollout.serving import (  # noqa: F401 (SERVICE_NAME, WorkerState: re
     StreamServer,
     WorkerState,
     add_to_server,
+    exit_code_of,
     read_requests,
     run_main,
     serve_until_stopped,
@@ -259,8 +259,7 @@ def run_worker(settings: WorkerSettings) -> int:
     """Serve until stopped; return the process exit code."""
     worker = RolloutWorker(settings)
     code = serve_until_stopped(worker, receive_limit(worker.policy))
-    if worker.failure is not None:
-        code = EXIT_UNHEALTHY if worker.unhealthy else EXIT_FAILED
+    code = exit_code_of(worker, code)
     log.info(
         "worker %d stopped (%s): %d fragments sent, %d lost, %d env faults, %d episodes "
         "aborted, %d malformed and %d non-finite weights refused",

@@ -125,3 +125,22 @@ def test_an_env_that_cannot_reset_is_one_line_naming_the_call_and_the_log(tmp_pa
     log = line.rsplit("the traceback is in ", 1)[1]
     assert "Traceback" in open(log).read()
     assert output.rstrip().splitlines()[-1].startswith("hetrl: nothing was trained")
+
+
+def test_an_observation_of_the_wrong_shape_is_an_env_error_not_a_failure_rate(
+        tmp_path) -> None:
+    import json
+
+    from tests.helpers import hetrl
+
+    out = tmp_path / "w"
+    proc = hetrl("local", "--env", "tests.reliability.envs:WrongShape", "--out", str(out),
+                 "--total-steps", "20000", "--workers", "1")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output
+    assert "the env is broken" in output and "shape (3,)" in output, output
+    assert "--env-failure-rate" not in output and "add env workers" not in output
+    summary_path = out / "summary.json"
+    if summary_path.exists():  # the learner had started: the cause is the outcome
+        summary = json.loads(summary_path.read_text())
+        assert summary["verdict"] == "failed" and "the env is broken" in summary["outcome"]

@@ -263,7 +263,7 @@ def test_a_worker_that_cannot_deliver_ends_the_run_naming_the_cause(tmp_path) ->
     output = log.read_text()
     assert "worker-0 died 5 times in a row before it delivered any experience" in output
     assert "MemoryError: simulator leaked" in output
-    assert output.rstrip().splitlines()[-1].startswith("hetrl: to continue this run:")
+    assert output.rstrip().splitlines()[-1].startswith("hetrl: to continue this run")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["outcome"].startswith("failed: worker-0 died 5 times")
     assert summary["verdict"] == "failed"
