@@ -186,12 +186,12 @@ class Supervisor:
             code = worker.exit_code()
             if code == EXIT_UNHEALTHY:
                 rule = self.settings_for(i, self.ports[i], "")
-                raise ChildFailedError(
-                    f"{worker.name} is unhealthy, its env kept failing after being recreated "
-                    f"(--env-failure-rate {rule.env_failure_rate} over --env-failure-window "
-                    f"{rule.env_failure_window}): {last_error_line(worker.log_tail(200))}. "
-                    f"Fix the env; the traceback is in {worker.log_path}"
-                )
+                cause = last_error_line(worker.log_tail(400))
+                if "--env-failure-rate" not in cause:  # e.g. NaN under --nonfinite fail
+                    cause += (f" (--env-failure-rate {rule.env_failure_rate} over "
+                              f"--env-failure-window {rule.env_failure_window})")
+                raise ChildFailedError(f"{worker.name} is unhealthy: {cause}. Fix the env; "
+                                       f"the traceback is in {worker.log_path}")
             if code == EXIT_ENV_BROKEN:
                 raise ChildFailedError(
                     f"{worker.name} stopped: the env is broken, "
@@ -204,7 +204,7 @@ class Supervisor:
             deaths = self.deaths[i]
             if deaths.restart_at is None:  # a death not seen before
                 deaths.record(now, self.progress_file(i).exists())
-                why = last_error_line(worker.log_tail(40))
+                why = last_error_line(worker.log_tail(400))
                 if deaths.fruitless >= GIVE_UP_AFTER:
                     raise ChildFailedError(
                         f"{worker.name} died {deaths.fruitless} times in a row before it "

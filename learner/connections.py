@@ -33,6 +33,7 @@ from hetrl.learner.central import ActionChooser, CentralAssembler, CentralShapes
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout import fragments
 from hetrl.rollout.errors import ProtocolError, WireFormatError
+from hetrl.rollout.serving import STARTING
 from hetrl.rollout.transport import DEFAULT_OPTIONS, TransportOptions, auth_metadata, create_channel
 
 log = logging.getLogger("hetrl.learner")
@@ -45,6 +46,9 @@ _FATAL_CODES = {
     grpc.StatusCode.UNIMPLEMENTED,
 }
 
+
+STARTING_TOLD_EVERY = 30.0
+"""Seconds between the lines that say what a starting worker is doing."""
 
 # Counters every WorkerStream keeps; `stream_counters` sums them for the run summary.
 COUNTERS = ("fragments_received", "fragments_malformed", "fragments_duplicate",
@@ -177,6 +181,7 @@ class WorkerStream:
         self._weights = weights
         self._credits = credits
         self._connect_timeout = connect_timeout
+        self._told_starting = -STARTING_TOLD_EVERY
         self._options, self._nonfinite = options, nonfinite
         self._outbox = _Outbox()
         self._stopping = threading.Event()
@@ -263,9 +268,15 @@ class WorkerStream:
                 self._stream(stub)
                 return
             except grpc.FutureTimeoutError as exc:
+                if self.incarnations:  # it answered before: it is gone, not misaddressed
+                    raise ConnectionError(
+                        f"worker {self.address} has not come back within "
+                        f"{self._connect_timeout:.0f} s (--connect-timeout): its process "
+                        "ended and was not restarted, or its host is gone") from exc
                 raise ConnectionError(
-                    f"worker {self.address} not reachable within {self._connect_timeout:.0f} s "
-                    "(--connect-timeout); is it running, and is the address right?"
+                    f"nothing answered at worker {self.address} within "
+                    f"{self._connect_timeout:.0f} s (--connect-timeout); is it running, and "
+                    "is the address right?"
                 ) from exc
             except (grpc.RpcError, ConnectionError) as exc:
                 if self._stopping.is_set():
@@ -276,6 +287,16 @@ class WorkerStream:
                     detail = f"{code.name} {exc.details()}"
                 if code in _FATAL_CODES:
                     raise ConnectionError(f"worker {self.address} refused: {detail}") from exc
+                if (code == grpc.StatusCode.UNAVAILABLE and isinstance(exc, grpc.RpcError)
+                        and (exc.details() or "").startswith(STARTING)):
+                    # It answers and its start-up moves on (a stuck one ends itself, its
+                    # watchdog): the clock restarts, and what it does is said now and then.
+                    deadline = time.monotonic() + self._connect_timeout
+                    if time.monotonic() - self._told_starting >= STARTING_TOLD_EVERY:
+                        self._told_starting = time.monotonic()
+                        log.info("worker %s is %s", self.address, exc.details())
+                    time.sleep(0.5)
+                    continue
                 if self.state is StreamState.STREAMING:
                     self.reconnects += 1
                     log.warning("lost worker %s (%s); reconnecting for up to %.0f s",

@@ -145,6 +145,7 @@ class EnvServer(StreamServer):
         self._seeds: list[int | None] = [seed + sum(self.sizes[:g]) for g in range(len(self.sizes))]
         self.steps_sent = 0
         self.streams_served = 0
+        self.ready.set()  # its envs are made; each stream resets them as it starts
 
     def _make_envs(self, n: int):
         s = self.settings

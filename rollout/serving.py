@@ -49,6 +49,8 @@ from hetrl.rollout.transport import create_server, token_from_env, transport_opt
 log = logging.getLogger("hetrl.worker")
 
 SERVICE_NAME = "hetrl.Rollout"
+STARTING = "starting: "
+"""How a worker's UNAVAILABLE answer begins while it starts (the learner keeps waiting)."""
 PROGRESS_EVERY = 10.0
 """Seconds between writes of a worker's progress file after the first."""
 
@@ -81,6 +83,29 @@ class StreamServer:
         self.last_learner_seen = time.monotonic()
         self._stream_lock = threading.Lock()
         self._progress_written = -PROGRESS_EVERY
+        # Start-up (making and resetting envs, which takes minutes for some simulators)
+        # runs after the server listens: until `ready`, a learner is told what it is
+        # doing, and the watchdog's clock restarts at each step of it.
+        self.ready = threading.Event()
+        self.starting = "starting"
+        self._started = self._progress_at = time.monotonic()
+
+    def prepare(self) -> None:
+        """Start-up that may be slow (envs made and reset), after the server listens;
+        subclasses that have any call `starting_progress` as it goes."""
+
+    def starting_progress(self, what: str) -> None:
+        """Start-up goes on: `what` it is doing now (told to a learner that asks)."""
+        self.starting = what
+        self._progress_at = time.monotonic()
+
+    def watched_since(self) -> float | None:
+        """What the watchdog times: the last progress of start-up, then each env call
+        (restarted when a slow env finishes a reset within a step: progress too)."""
+        if not self.ready.is_set():
+            return self._progress_at
+        busy = self.busy_since()
+        return None if busy is None else max(busy, self._progress_at)
 
     def delivered(self, count: int) -> None:
         """`count` fragments (or env steps) have reached the learner so far: say so in the
@@ -106,6 +131,10 @@ class StreamServer:
     def Stream(self, request_iterator, context) -> Iterator[bytes]:
         if self.stopped.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "worker is stopping")
+        if not self.ready.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE,
+                          f"{STARTING}{self.starting}, {time.monotonic() - self._started:.0f} s "
+                          "since it started")
         if not self._stream_lock.acquire(blocking=False):
             context.abort(grpc.StatusCode.ALREADY_EXISTS, "a learner is already connected")
         self.state = WorkerState.STREAMING
@@ -227,11 +256,13 @@ def _watchdog(worker: StreamServer, step_timeout: float) -> None:
     cannot be interrupted from Python; only a fresh process recovers, so the worker
     dumps every thread's stack to its log and leaves the restart to its supervisor."""
     while not worker.stopped.wait(min(1.0, step_timeout / 4)):
-        since = worker.busy_since()
+        since = worker.watched_since()
         if since is not None and time.monotonic() - since > step_timeout:
-            log.error("an env step has not returned for %.1f s (--step-timeout %.1f): the env "
-                      "is hung; exiting with code %d so the supervisor restarts this worker",
-                      time.monotonic() - since, step_timeout, EXIT_HUNG)
+            what = ("an env step" if worker.ready.is_set()
+                    else f"start-up ({worker.starting})")
+            log.error("%s has not moved on for %.1f s (--step-timeout %.1f): the env is "
+                      "hung; exiting with code %d so the supervisor restarts this worker",
+                      what, time.monotonic() - since, step_timeout, EXIT_HUNG)
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
             sys.stderr.flush()
             os._exit(EXIT_HUNG)
@@ -270,6 +301,12 @@ def serve_until_stopped(worker: StreamServer, max_receive_bytes: int) -> int:
                      name="step-watchdog", daemon=True).start()
     code = EXIT_OK
     try:
+        if not worker.ready.is_set():
+            worker.prepare()  # the learner is told "starting: ..." meanwhile
+            worker.ready.set()
+            worker.last_learner_seen = time.monotonic()  # the dead-man's switch starts now
+            log.info("worker %d ready after %.1f s", settings.worker_id,
+                     time.monotonic() - worker._started)
         while not worker.stopped.wait(0.5):
             gone = worker.learner_gone_for()
             if gone > settings.learner_timeout:

@@ -31,7 +31,7 @@ import torch
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import fragments, wire
 from hetrl.rollout.collector import Collector
-from hetrl.rollout.envs import make_vector_env
+from hetrl.rollout.envs import describe_env, make_vector_env
 from hetrl.rollout.errors import ConfigError, NonFiniteError, WireFormatError
 from hetrl.rollout.lifetime import exit_now
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
@@ -79,44 +79,67 @@ class _Inbox:
 class RolloutWorker(StreamServer):
     """Owns the vector env, the CPU policy and the collector; serves one stream at a time."""
 
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, prepare: bool = True) -> None:
+        """Build the worker; its envs are made and reset now, or, with `prepare=False`,
+        by `prepare` once its server listens (serve_until_stopped)."""
         super().__init__(settings)
         torch.set_num_threads(settings.worker_torch_threads)
-        seed = worker_seed(settings.seed, settings.worker_id)
-        torch.manual_seed(seed)
-        self.envs = self._make_envs()
-        obs_space = self.envs.single_observation_space
-        act_space = self.envs.single_action_space
+        self.seed = worker_seed(settings.seed, settings.worker_id)
+        torch.manual_seed(self.seed)
+        spaces = describe_env(settings)
+        obs_space, act_space = spaces.observation_space, spaces.action_space
         self.policy = Policy(obs_space, act_space, settings)
         self.policy.eval()
         _check_fragment_size(settings, obs_space, act_space)
-        self.collector = Collector(
-            self.envs, self.policy, settings.fragment_length, seed, remake=self._make_envs,
-            failure_rate=settings.env_failure_rate,
-            failure_window=settings.env_failure_window, nonfinite=settings.nonfinite,
-        )
         self.normalize_rewards = (
-            RewardNormalizer(self.envs.num_envs, settings.reward_norm_gamma, settings.reward_clip)
+            RewardNormalizer(settings.envs_per_worker, settings.reward_norm_gamma,
+                             settings.reward_clip)
             if settings.normalize_rewards else None)
         self.hello = hetrl_pb2.Hello(
             worker_id=settings.worker_id,
             incarnation=uuid.uuid4().hex,
-            num_envs=self.envs.num_envs,
+            num_envs=settings.envs_per_worker,
             fragment_length=settings.fragment_length,
             env=settings.env,
             observation_space=str(obs_space),
             action_space=str(act_space),
             inference="worker",
         )
+        self._resets = 0
+        if prepare:
+            self.prepare()
+            self.ready.set()
         self.weights_nonfinite = 0
         self.version = -1
         self.sequence = 0
         self.fragments_sent = 0
         self.fragments_lost = 0
 
+    def prepare(self) -> None:
+        """Make the envs and reset them (the collector's first observations), saying
+        how far it has come: a simulator that takes 20 s a reset is starting, not hung."""
+        s = self.settings
+        self.starting_progress(f"making {s.envs_per_worker} envs")
+        self.envs = self._make_envs()
+        self.starting_progress(f"resetting envs, 0 of {s.envs_per_worker} done")
+        self.collector = Collector(
+            self.envs, self.policy, s.fragment_length, self.seed, remake=self._make_envs,
+            failure_rate=s.env_failure_rate, failure_window=s.env_failure_window,
+            nonfinite=s.nonfinite,
+        )
+
+    def _reset_done(self) -> None:
+        """An env finished a reset (EnvGuard's hook, synchronous vector envs only)."""
+        self._resets += 1
+        if not self.ready.is_set():
+            self.starting_progress(f"resetting envs, {self._resets} of "
+                                   f"{self.settings.envs_per_worker} done")
+        else:  # within a step (autoreset): the step is slow, not hung
+            self.starting_progress(self.starting)
+
     def _make_envs(self):
         s = self.settings
-        return make_vector_env(s, s.envs_per_worker, s.vector_mode)
+        return make_vector_env(s, s.envs_per_worker, s.vector_mode, on_reset=self._reset_done)
 
     def busy_since(self) -> float | None:
         return self.collector.busy_since
@@ -212,7 +235,8 @@ class RolloutWorker(StreamServer):
         return True
 
     def close(self) -> None:
-        self.envs.close()
+        if hasattr(self, "envs"):  # a worker stopped before its start-up made any has none
+            self.envs.close()
 
 
 def _read_requests(requests, inbox: _Inbox) -> None:
@@ -257,7 +281,7 @@ def _check_fragment_size(settings: WorkerSettings, obs_space, act_space) -> None
 
 def run_worker(settings: WorkerSettings) -> int:
     """Serve until stopped; return the process exit code."""
-    worker = RolloutWorker(settings)
+    worker = RolloutWorker(settings, prepare=False)  # its envs once it listens
     code = serve_until_stopped(worker, receive_limit(worker.policy))
     code = exit_code_of(worker, code)
     log.info(

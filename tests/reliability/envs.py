@@ -205,3 +205,17 @@ class ResetFails(Counting):
 
     def reset(self, *, seed=None, options=None):
         raise FileNotFoundError("scene file /data/scene.xml not found (test fault)")
+
+
+class SlowReset(Counting):
+    """Its first reset takes HETRL_TEST_RESET_SECONDS (default 3): a simulator that loads
+    its scene once."""
+
+    made = itertools.count()
+    loaded = False
+
+    def reset(self, *, seed=None, options=None):
+        if not self.loaded:
+            time.sleep(float(os.environ.get("HETRL_TEST_RESET_SECONDS", "3")))
+            self.loaded = True
+        return super().reset(seed=seed, options=options)

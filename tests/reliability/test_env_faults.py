@@ -119,7 +119,7 @@ def test_an_env_that_cannot_reset_is_one_line_naming_the_call_and_the_log(tmp_pa
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, output
     assert "Traceback" not in output, output  # the wall of tracebacks stays in the log
-    [line] = [line for line in output.splitlines() if "before it was ready" in line]
+    [line] = [line for line in output.splitlines() if "is unhealthy" in line]
     assert "env tests.reliability.envs:ResetFails: its reset failed" in line
     assert "FileNotFoundError: scene file /data/scene.xml not found" in line
     log = line.rsplit("the traceback is in ", 1)[1]

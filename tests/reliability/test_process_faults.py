@@ -297,3 +297,24 @@ def test_a_slow_simulator_is_slow_not_stalled_and_stops_at_once(tmp_path) -> Non
     assert summary["verdict"] == "experience-bound"
     assert "ms of a worker's time per env step" in summary["verdict_text"]
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
+
+
+def test_a_slow_start_up_is_progress_not_a_timeout(tmp_path) -> None:
+    """4 envs of 3 s resets: 12 s of start-up, longer than every time limit given here
+    (--step-timeout 5, --connect-timeout 5, --startup-timeout 10). The worker listens
+    first and says what it is doing; each reset restarts the clocks; the run trains."""
+    out = tmp_path / "slowstart"
+    proc, log = start(out, "--env", "tests.reliability.envs:SlowReset", "--workers", "1",
+                      "--envs-per-worker", "4", "--vector-mode", "sync", "--total-steps",
+                      "4000", "--step-timeout", "5", "--connect-timeout", "5",
+                      "--startup-timeout", "10", env={"HETRL_TEST_RESET_SECONDS": "3"})
+    try:
+        assert proc.wait(300) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert re.search(r"is starting: resetting envs, \d of 4 done", output), output[-3000:]
+    worker_log = (out / "launch" / "logs" / "worker-0.log").read_text()
+    assert "worker 0 ready after" in worker_log
+    assert count(log, "restarting") == 0
