@@ -37,20 +37,29 @@ class Counting(gym.Env):
     def step(self, action):
         self.t += 1
         self.total_steps += 1
+        cls = type(self)
+        if cls.__dict__.get("first_stepper") is None:  # per class, per process
+            cls.first_stepper = self.instance
         self.fault()
         return self._obs(), 1.0, False, self.t >= 10, {}
+
+    @property
+    def first(self) -> bool:
+        """This is the first instance of its class in this process to step (a worker
+        also makes one to read the spaces, which never steps)."""
+        return type(self).__dict__.get("first_stepper") == self.instance
 
     def fault(self) -> None:
         """Override: raise, hang, or corrupt."""
 
 
 class FailsOnce(Counting):
-    """Instance 0 raises at its 4th step; every other instance is healthy."""
+    """The first instance to step raises at its 4th step; every other one is healthy."""
 
     made = itertools.count()
 
     def fault(self) -> None:
-        if self.instance == 0 and self.total_steps == 4:
+        if self.first and self.total_steps == 4:
             raise RuntimeError("physics blew up (test fault)")
 
 
@@ -65,13 +74,13 @@ class AlwaysFails(Counting):
 
 
 class NaNOnce(Counting):
-    """Instance 0 returns a NaN observation at its 4th step."""
+    """The first instance to step returns a NaN observation at its 4th step."""
 
     made = itertools.count()
 
     def step(self, action):
         obs, reward, term, trunc, info = super().step(action)
-        if self.instance == 0 and self.total_steps == 4:
+        if self.first and self.total_steps == 4:
             obs = np.array([np.nan, 0], np.float32)
         return obs, reward, term, trunc, info
 
@@ -163,14 +172,15 @@ class HangsFor(Counting):
 
 
 class EveryWorkerHangsFor(Counting):
-    """In every worker process, instance 0 sleeps HETRL_TEST_HANG_SECONDS (default 15)
-    once, at its 50th step; the first to hang writes the time to HETRL_TEST_HANG_FLAG."""
+    """In every worker process, the first instance to step sleeps HETRL_TEST_HANG_SECONDS
+    (default 15) once, at its 50th step; the first to hang writes the time to
+    HETRL_TEST_HANG_FLAG."""
 
     made = itertools.count()
     hung = False
 
     def fault(self) -> None:
-        if self.instance != 0 or self.total_steps != 50 or EveryWorkerHangsFor.hung:
+        if not self.first or self.total_steps != 50 or EveryWorkerHangsFor.hung:
             return
         EveryWorkerHangsFor.hung = True
         try:
@@ -183,14 +193,14 @@ class EveryWorkerHangsFor(Counting):
 
 
 class DiesEvery(Counting):
-    """A leaky simulator: instance 0 of each worker process ends the whole process (as
+    """A leaky simulator: the first instance to step in each worker process ends it (as
     the OOM killer would) after HETRL_TEST_DIE_AFTER steps (default 3000), or, with
     HETRL_TEST_DIE_AT_START=1, at its first step (a worker that can never deliver)."""
 
     made = itertools.count()
 
     def fault(self) -> None:
-        if self.instance != 0:
+        if not self.first:
             return
         if os.environ.get("HETRL_TEST_DIE_AT_START") == "1" or (
                 self.total_steps >= int(os.environ.get("HETRL_TEST_DIE_AFTER", "3000"))):
