@@ -20,7 +20,7 @@ from typing import Any
 from hetrl.launch.hyperparameters import from_hyperparameters
 from hetrl.launch.settings import ClusterSettings, LocalSettings
 from hetrl.learner.settings import LearnerSettings
-from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.errors import ConfigError, OutputError
 from hetrl.rollout.settings import WorkerSettings
 
 ROLE_SETTINGS = (LocalSettings, ClusterSettings, LearnerSettings, WorkerSettings)
@@ -144,10 +144,18 @@ def write_settings(out: Path, settings: Any) -> None:
 
 
 def write_json(path: Path, value: Any) -> None:
-    """Write `value` as JSON whole or not at all (a temporary file, then a rename)."""
+    """Write `value` as JSON whole or not at all (a temporary file, then a rename).
+
+    Raises:
+        OutputError: it could not be written (a full disk); no temporary file is left.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=2))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(value, indent=2))
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def _comparable(value: Any) -> Any:

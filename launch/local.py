@@ -21,6 +21,7 @@ to the summary.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -55,7 +56,7 @@ from hetrl.launch.supervisor import Supervisor
 from hetrl.learner.metrics import TRACK_NEEDS
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.rollout.envs import EnvDescription, describe_env
-from hetrl.rollout.errors import ChildFailedError, ConfigError
+from hetrl.rollout.errors import ChildFailedError, ConfigError, OutputError
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from hetrl.rollout.models import BEST_MODEL_FILE, best_info
 from hetrl.rollout.settings import WorkerSettings, pick
@@ -209,7 +210,8 @@ def run_prepared(settings: LocalSettings, started: float | None = None) -> RunRe
         report_start = time.time()
         try_write_report(out, settings.instance_type)
         summary["timing"]["report_seconds"] = round(time.time() - report_start, 2)
-        write_json(out / "summary.json", summary)
+        with contextlib.suppress(OutputError):  # said already, if the disk is full
+            write_json(out / "summary.json", summary)
     return RunResult(code, out, summary)
 
 
@@ -250,7 +252,10 @@ def _account_time(out: Path, started: float, events: _Events) -> dict[str, Any]:
     summary["timing"] = timing
     # The evaluator may have kept a better policy after the learner wrote its summary.
     summary["best"] = best_info(out / BEST_MODEL_FILE)
-    write_json(path, summary)
+    try:
+        write_json(path, summary)
+    except OutputError as exc:  # the learner's summary stands; these figures are printed
+        say(f"{exc}; the summary keeps the learner's figures")
     return summary
 
 
@@ -414,10 +419,9 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
     except ChildFailedError as exc:
         say(str(exc))
         events.failure = str(exc)
-        # The learner's summary names this cause, not "stopped: signal SIGTERM".
-        tmp = run_dir / ".stop-reason.tmp"
-        tmp.write_text(str(exc).strip().splitlines()[0])
-        tmp.replace(run_dir / "stop-reason")
+        if learner is not None and learner.exit_code() is None:
+            # The learner's summary names this cause, not "stopped: signal SIGTERM".
+            _tell_stop_reason(run_dir, str(exc).strip().splitlines()[0])
         _stop_learner_first(learner, signal.SIGTERM, settings.shutdown_grace)
         stop_all(children(), settings.shutdown_grace)
         return EXIT_FAILED
@@ -435,6 +439,17 @@ def _seconds(value: float | None) -> str:
     if value is None:
         return "?"
     return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
+
+
+def _tell_stop_reason(run_dir: Path, reason: str) -> None:
+    """Leave the learner the reason it is stopped for (whole, or not at all: on a full
+    disk it is stopped all the same, as 'signal SIGTERM')."""
+    tmp = run_dir / ".stop-reason.tmp"
+    try:
+        tmp.write_text(reason)
+        tmp.replace(run_dir / "stop-reason")
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def _signal_name(signum: int) -> str:
