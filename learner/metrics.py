@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("hetrl.metrics")
 _learner_log = logging.getLogger("hetrl.learner")  # the run's outcome is the learner's news
 
+PROGRESS_LINE_AGE = 20.0  # off a terminal, a progress line every run-age / 20 ...
+PROGRESS_LINE_MAX = 300.0  # ... seconds, at most this far apart
+
 TRACK_NEEDS = ("--track logs to Weights & Biases: pip install 'hetrl[track]' (and wandb "
                "login, or WANDB_MODE=offline)")
 
@@ -149,7 +152,11 @@ class MetricsWriter:
             self._bar.set_postfix(fields, refresh=False)
             return
         now = time.monotonic()
-        if now - self._last_progress < self._progress_every:
+        # A line every 2 s at first, then sparser as the run grows old (a twentieth of
+        # its age, at most every 5 min): a day-long job's log gets ~350 of them.
+        every = min(PROGRESS_LINE_MAX, max(self._progress_every,
+                                           (now - self._start) / PROGRESS_LINE_AGE))
+        if now - self._last_progress < every:
             return
         self._last_progress = now
         eta = (total - step) / rate if rate > 0 and step < total else 0.0
