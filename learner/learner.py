@@ -45,6 +45,7 @@ from hetrl.learner.metrics import MetricsWriter, RunBooks
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.ppo import ppo_update_async, read_stats
 from hetrl.learner.publisher import Publisher, weights_message
+from hetrl.learner.reserve import DiskReserve
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.learner.stalls import StallWatch
 from hetrl.learner.utilisation import UtilisationSampler
@@ -147,6 +148,10 @@ class Learner:
         self.evals = PeriodicEval(self.out, settings.eval_every, settings)
         # The best policy by training return (with --eval-every the evaluator keeps it).
         self.best = BestPolicy(self.out, enabled=not settings.eval_every)
+        # Room for a model, a checkpoint (weights, Adam's two moments) and a best policy,
+        # twice over, whatever fills the disk (learner/reserve.py).
+        weights = sum(v.numel() * v.element_size() for v in self.policy.state_dict().values())
+        self.reserve = DiskReserve(self.out, 2 * 5 * weights + (1 << 20))
 
     def _summary_extras(self) -> dict[str, float]:
         extras: dict[str, float] = {"weights_publish_failures": self.publisher.failures}
@@ -242,6 +247,7 @@ class Learner:
     def run(self) -> int:
         s = self.settings
         self.out.mkdir(parents=True, exist_ok=True)
+        self.reserve.take()
         if s.write_settings:
             write_atomic(self.out / "settings.json", to_json(s).encode())
         metrics = self.books.open()
@@ -296,6 +302,7 @@ class Learner:
             self.evals.final(self.policy, self.global_step)
             self.evals.forward(metrics)
             self.books.close()
+            self.reserve.close()
         return EXIT_FAILED if failed else code
 
     def _save_outputs(self, periodic: bool) -> bool:
@@ -307,12 +314,22 @@ class Learner:
         for what, write in (("model", self._save_model), ("checkpoint", self.checkpoint),
                             ("best policy", self._save_best)):
             try:
-                path = write()
+                try:
+                    path = write()
+                except OutputError as exc:
+                    # The reserve is for the final outputs: a periodic save that does not
+                    # fit waits for the end, so nothing can fill the space meanwhile.
+                    if periodic or not self.reserve.release():
+                        raise
+                    log.warning("%s; writing the %s into the space kept for it (metrics and "
+                                "TensorBoard may have filled the disk)", exc, what)
+                    path = write()
                 if not periodic and path is not None:
                     log.info("%s %s written", what, path)
             except OutputError as exc:
                 failed = True
                 log.error("%s%s", exc, " Training goes on." if periodic else "")
+
         self._last_checkpoint = time.monotonic()
         return failed
 

@@ -1,7 +1,8 @@
 """A disk that fills up under --out during a real `hetrl local` run (a small tmpfs the
-test mounts, then fills): the model written before stays loadable, metrics degrade with
-one warning per sink, training goes on, every failed write names its directory and the
-space it needed, and no temporary file is left. Skipped where tmpfs cannot be mounted."""
+test mounts, then fills): metrics degrade with one warning per sink, training goes on,
+every failed write names its directory and the space it needed, the final model and
+checkpoint are written into the space the learner kept for them, and no temporary file
+is left. Skipped where tmpfs cannot be mounted."""
 
 from __future__ import annotations
 
@@ -88,10 +89,17 @@ def test_full_disk_keeps_the_model_degrades_metrics_and_names_the_directory(
               f"{last_step(launcher_log):,}; metrics warnings "
               f"{text.count('cannot write metrics')}; exit {code}; model arrays "
               f"{len(model)}; temp files left {leftovers}")
-        assert code == 1, text[-3000:]  # the final model could not be written
+        # The final model and checkpoint went into the space kept for them: the stop
+        # succeeded, deterministically, whatever filled the disk.
+        assert code == 0, text[-3000:]
         assert model and not leftovers
+        from safetensors import safe_open
+
+        with safe_open(str(out / "model.safetensors"), framework="numpy") as f:
+            assert int(f.metadata()["global_step"]) > at_fill  # the final one
         assert 1 <= text.count("cannot write metrics") <= 2  # once per sink at most
-        assert re.search(r"cannot write model\.safetensors in \S+/run: No space left on "
-                         r"device; it needs [\d,]+ bytes, [\d,]+ bytes free there", text), text
+        assert re.search(r"cannot write \S+ in \S+: No space left on device; it needs "
+                         r"[\d,]+ bytes, [\d,]+ bytes free there.*into the space kept for it",
+                         text), text
         assert "Traceback" not in text
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
