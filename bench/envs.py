@@ -8,7 +8,8 @@ CartPole-v1 whose first env on one worker is slow or stalls now and then (bench/
 injects policy lag with it). `SlowSim` stands for a custom simulator whose step
 takes ~10 ms (8 ms waiting on an engine, 2 ms of CPU); `make_heavy_humanoid` is a real
 one: MuJoCo Humanoid-v5 simulating 60 physics steps per env step (~13 ms here)
-(bench/slow_env.py). Nothing else lives here.
+(bench/slow_env.py). `FaultyCartPole` raises on a share of its steps and, once in the
+whole run, takes 30 s over a reset (bench/soak.py). Nothing else lives here.
 """
 
 from __future__ import annotations
@@ -103,3 +104,43 @@ class SlowSim(CartPoleEnv):
 def make_heavy_humanoid(**kwargs) -> gym.Env:
     """MuJoCo Humanoid-v5 with frame_skip 60 (12x the default): a CPU-heavy simulator."""
     return gym.make("Humanoid-v5", frame_skip=60, **kwargs)
+
+
+_PROCESS_BORN = time.monotonic()
+STEP_FAULT_RATE = "HETRL_BENCH_STEP_FAULT_RATE"
+SLOW_RESET_FLAG = "HETRL_BENCH_SLOW_RESET_FLAG"
+SLOW_RESET_SECONDS = "HETRL_BENCH_SLOW_RESET_SECONDS"
+
+
+class FaultyCartPole(CartPoleEnv):
+    """CartPole-v1 whose steps raise with probability $HETRL_BENCH_STEP_FAULT_RATE, and
+    one of whose resets, once in the run (the first env to create the file
+    $HETRL_BENCH_SLOW_RESET_FLAG, a minute or more into its worker's life), takes
+    $HETRL_BENCH_SLOW_RESET_SECONDS (default 30)."""
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        super().__init__(render_mode=render_mode)
+        self._steps = 0
+        self.rate = float(os.environ.get(STEP_FAULT_RATE, "0"))
+        self._rng = __import__("random").Random(os.getpid() ^ id(self))
+
+    def reset(self, *, seed=None, options=None):
+        self._steps = 0
+        flag = os.environ.get(SLOW_RESET_FLAG)
+        if flag and time.monotonic() - _PROCESS_BORN > 60:  # envs are recreated often
+            try:
+                fd = os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(time.time()).encode())
+                os.close(fd)
+                time.sleep(float(os.environ.get(SLOW_RESET_SECONDS, "30")))
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.rate and self._rng.random() < self.rate:
+            raise RuntimeError("simulator fault (bench.soak)")
+        obs, reward, terminated, truncated, info = super().step(action)
+        self._steps += 1
+        return obs, reward, terminated, truncated or self._steps >= 500, info

@@ -194,7 +194,8 @@ def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(tmp_path: Pa
     within that bound (it used to survive a 25 s freeze unnoticed: grpcio timed out the
     server's keepalive pings after its general 60 s ping timeout), and on SIGCONT the
     learner, whose own pings timed out meanwhile, reconnects with fresh weights and
-    credits; training goes on and nothing is trained twice."""
+    credits; training goes on and nothing is trained twice; the learner says it was the
+    one frozen."""
     out = tmp_path / "frozen"
     proc, log = start(out, "--workers", "2", "--envs-per-worker", "2", "--total-steps",
                       "100000000", "--keepalive-time", "1", "--keepalive-timeout", "2")
@@ -227,6 +228,10 @@ def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(tmp_path: Pa
     assert all(e and e[0] < 1 + 2 + 2 for e in ended), ended  # bound + log-time slack
     assert rejoined < 10
     assert summary["fragments_duplicate"] == 0
+    # The frozen side is named: the learner, not "every worker is stalled".
+    text = log.read_text()
+    assert "the learner process did not run for" in text and "every worker is stalled" not in text
+    assert summary["learner_frozen_seconds"] >= 7 and summary["stalled_seconds"] == 0
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
 
 
