@@ -201,6 +201,8 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
         stop_since.append(time.monotonic())
         stop_reason.append(early)
     code, reason = EXIT_FAILED, "failed"
+    watch_done = threading.Event()
+    watcher: threading.Thread | None = None
     try:
         local_addresses = local.start_and_wait(_local_worker_count(settings),
                                                settings.resolve_timeout, "resolve_timeout")
@@ -213,7 +215,7 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
                                 out=str(cluster.model_dir))
         learner = Learner(learner_settings, token)
         learner.extra_metrics = env_hosts.metrics
-        _supervise_local_workers(local, learner)
+        watcher = _supervise_local_workers(local, learner, watch_done)
         if settings.eval_every:  # on this host's spare CPU, beside the learner
             evaluator = start_evaluator(cluster.model_dir, settings.eval_episodes,
                                         settings.seed, cluster.base_dir / "hetrl",
@@ -233,6 +235,9 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
         write_failure(cluster, f"learner host {cluster.current_host}: {exc}")
         reason = f"learner host failed: {exc}"
     finally:
+        watch_done.set()  # nothing restarts a local worker from here on
+        if watcher is not None:
+            watcher.join(5.0)
         unconfirmed = env_hosts.stop_all(reason, settings.stop_budget / 2)
         if unconfirmed:
             log.error("env hosts %s did not confirm the stop; their dead-man's switch "
@@ -288,21 +293,28 @@ def _write_cluster_file(cluster: ClusterView, settings: ClusterSettings) -> None
     (cluster.model_dir / "cluster.json").write_text(json.dumps({"instances": instances}))
 
 
-def _supervise_local_workers(local: Supervisor, learner: Learner) -> None:
+def _supervise_local_workers(local: Supervisor, learner: Learner,
+                             done: threading.Event) -> threading.Thread:
     """Restart this host's own workers under the same rules as every env host's, while
-    the learner trains; one that cannot live stops the run with its cause."""
+    the learner trains and until `done`; one that cannot live stops the run with its
+    cause. The caller sets `done` and joins the thread before it stops the workers."""
+
+    def training() -> bool:
+        return learner.training and not done.is_set()
 
     def watch() -> None:
-        while learner.training:
+        while training():
             try:
-                local.poll(may_restart=lambda: learner.training)
+                local.poll(may_restart=training)
             except ChildFailedError as exc:
                 log.error("%s", exc)
                 learner.request_stop(str(exc).splitlines()[0], failed=True)
                 return
-            time.sleep(0.5)
+            done.wait(0.5)
 
-    threading.Thread(target=watch, name="local-workers", daemon=True).start()
+    thread = threading.Thread(target=watch, name="local-workers", daemon=True)
+    thread.start()
+    return thread
 
 
 def _local_workers(settings: ClusterSettings, cluster: ClusterView, token: str) -> Supervisor:

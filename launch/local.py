@@ -125,6 +125,10 @@ class RunResult:
         return load_policy(self.out, which)
 
 
+class _LearnerFailed(ChildFailedError):
+    """The learner exited non-zero: its own summary (if any) says why."""
+
+
 class _Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -234,6 +238,8 @@ def _account_time(out: Path, started: float, events: _Events) -> dict[str, Any]:
     if not path.exists():
         return {}
     summary = json.loads(path.read_text())
+    if (summary.get("ended_unix") or 0) < started:  # a resumed run's, not this command's
+        return {}
     summary["worker_restarts"] = events.worker_restarts
     if events.failure is not None:
         first = events.failure.strip().splitlines()[0]
@@ -244,7 +250,8 @@ def _account_time(out: Path, started: float, events: _Events) -> dict[str, Any]:
                                    f"restarted {events.worker_restarts} times: fix what "
                                    "ends them before adding more")
     now = time.time()
-    first, ended = summary.get("first_update_unix"), summary.get("ended_unix")
+    first = summary.get("first_update_unix")
+    ended = summary.get("training_ended_unix") or summary.get("ended_unix")
     timing: dict[str, float | None] = {"command_seconds": round(now - started, 2)}
     timing["startup_seconds"] = round(first - started, 2) if first else None
     timing["training_seconds"] = round(ended - first, 2) if first and ended else None
@@ -364,6 +371,7 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
     learner: Child | None = None
     evaluator: Child | None = None
     signals: list[int] = []
+    stopping = threading.Event()  # from here on a first signal interrupts nothing
 
     def children() -> list[Child]:  # stopped together: the learner checkpoints meanwhile
         return [*workers.workers, *([learner] if learner is not None else [])]
@@ -371,6 +379,10 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
     def on_signal(signum, _frame):
         signals.append(signum)
         if len(signals) == 1:
+            if stopping.is_set():  # the run is stopping already, in order
+                say(f"{_signal_name(signum)}: stopping already (again to quit at once)")
+                return
+            stopping.set()
             raise _Interrupted(signum)
         # A second one while stopping: wait for nothing more.
         kill_all([*children(), *([evaluator] if evaluator is not None else [])])
@@ -401,8 +413,9 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
         write_json(addresses_file, {"addresses": addresses})
         if settings.eval_every:
             evaluator = start_evaluator(Path(settings.out), settings.eval_episodes,
-                                        settings.seed, run_dir, env)
+                                        settings.seed, run_dir, env, new_session=True)
         code = _watch(workers, learner, finishing, settings.shutdown_grace)
+        stopping.set()
         if evaluator is not None and code == EXIT_OK:
             finish_evaluations(evaluator, Path(settings.out), settings.shutdown_grace)
         return code
@@ -417,8 +430,10 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
             return EXIT_OK
         return EXIT_INTERRUPTED
     except ChildFailedError as exc:
+        stopping.set()
         say(str(exc))
-        events.failure = str(exc)
+        if not isinstance(exc, _LearnerFailed):  # the learner's summary says its own
+            events.failure = str(exc)
         if learner is not None and learner.exit_code() is None:
             # The learner's summary names this cause, not "stopped: signal SIGTERM".
             _tell_stop_reason(run_dir, str(exc).strip().splitlines()[0])
@@ -426,6 +441,7 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
         stop_all(children(), settings.shutdown_grace)
         return EXIT_FAILED
     finally:
+        stopping.set()
         events.worker_restarts = workers.restarts
         stop_all(children(), settings.shutdown_grace)  # no-op when all have exited
         if evaluator is not None:
@@ -493,12 +509,12 @@ def _watch(workers: Supervisor, learner: Child, finishing: Path, grace: float) -
         workers.poll(may_restart=training)
         time.sleep(0.1)
     if code < 0:
-        raise ChildFailedError(f"the learner was killed by {signal.Signals(-code).name} "
-                               "(out of memory, or someone's kill?); its last checkpoint "
-                               "stands")
+        raise _LearnerFailed(f"the learner was killed by {signal.Signals(-code).name} "
+                             "(out of memory, or someone's kill?); its last checkpoint "
+                             "stands")
     if code != EXIT_OK:
-        raise ChildFailedError(f"the learner exited with code {code}; its error is the last "
-                               "ERROR line above")
+        raise _LearnerFailed(f"the learner exited with code {code}; its error is the last "
+                             "ERROR line above")
     workers.finish(grace)
     return EXIT_OK
 

@@ -213,7 +213,6 @@ class Supervisor:
                         f"error: {why} (log: {worker.log_path})")
                 delay = deaths.backoff()
                 deaths.restart_at = now + delay
-                self.restarts += 1
                 self.say(f"{worker.name} exited with code {code} ({why}); restarting it"
                          + (f" in {delay:.0f} s" if delay else "")
                          + f" ({len(deaths.times)} deaths in the last "
@@ -223,6 +222,7 @@ class Supervisor:
             if not may_restart():
                 break
             deaths.restart_at = None
+            self.restarts += 1
             self.workers[i] = self.spawn(i, self.ports[i], "")
             restarted.append(i)
         return restarted

@@ -352,7 +352,12 @@ class Batcher:
                     raise WorkerLostError(
                         "every worker stream has ended; nothing to train on") from None
                 if self._stall is not None:
-                    self._stall.waiting(len(self.streams))
+                    # No worker holds a credit: every one waits for the learner's (held
+                    # until an update ends, or owed by a long save), so none is stalled.
+                    if not any(getattr(stream, "in_flight", 1) > 0 for stream in self.streams):
+                        self._stall.excused()
+                    else:
+                        self._stall.waiting(len(self.streams))
                 continue
             if isinstance(item, StreamFailure):
                 self._on_stream_failure(item)

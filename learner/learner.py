@@ -281,6 +281,7 @@ class Learner:
             log.error("%s", exc)
         finally:
             self._finishing = True
+            self.books.training_ended_unix = time.time()
             self.books.stall.stop()
             if s.finishing_file:
                 Path(s.finishing_file).touch()
@@ -457,17 +458,11 @@ def run_learner(settings: LearnerSettings, token: str | None = None) -> int:
     return learner.run()
 
 
-def wait_for_addresses(path: Path, timeout: float) -> tuple[str, ...]:
-    """The worker addresses a launcher writes to `path` once its workers listen.
-
-    Raises:
-        HetrlError: no such file within `timeout` seconds.
-    """
-    deadline = time.monotonic() + timeout
+def wait_for_addresses(path: Path) -> tuple[str, ...]:
+    """The worker addresses a launcher writes to `path` once its workers listen. The
+    launcher bounds this wait (--startup-timeout): it stops the learner when its workers
+    do not start, and the learner dies with it (PR_SET_PDEATHSIG)."""
     while not path.exists():
-        if time.monotonic() > deadline:
-            raise HetrlError(f"no worker addresses in {path} after {timeout:.0f} s "
-                             "(--connect-timeout): the workers did not start")
         time.sleep(0.02)
     return tuple(json.loads(path.read_text())["addresses"])
 
@@ -475,6 +470,10 @@ def wait_for_addresses(path: Path, timeout: float) -> tuple[str, ...]:
 def main(argv: list[str] | None = None) -> int:
     """`python -m hetrl.learner.learner SETTINGS_JSON`: the launcher's way to start a learner."""
     settings_file = start_child(argv)
+    # A stop before training begins (the workers failed to start, Ctrl-C) ends quietly;
+    # run_learner installs the handlers that save first.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: exit_now(EXIT_OK))
     try:
         settings = from_json(LearnerSettings, settings_file.read_text())
         if settings.addresses_file:  # started beside its workers: wait for them here
@@ -483,8 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             import torch._dynamo  # noqa: F401
             from torch.utils import tensorboard  # noqa: F401
 
-            addresses = wait_for_addresses(Path(settings.addresses_file),
-                                           settings.connect_timeout)
+            addresses = wait_for_addresses(Path(settings.addresses_file))
             settings = dataclasses.replace(settings, worker_addresses=addresses)
         return run_learner(settings)
     except HetrlError as exc:

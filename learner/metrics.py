@@ -71,7 +71,11 @@ class MetricsWriter:
         self._wandb = _start_wandb(track, self._settings, out_dir) if track else None
         self._jsonl_path, self._tb_path = out_dir / "metrics.jsonl", out_dir / "tb"
         if resume_step is not None:
-            _cut_after(self._jsonl_path, resume_step)
+            try:
+                _cut_after(self._jsonl_path, resume_step)
+            except OSError as exc:  # a full disk: the rows stay, training goes on
+                log.warning("cannot cut %s back to step %s (%s); rows past it stay",
+                            self._jsonl_path, f"{resume_step:,}", exc)
         self._jsonl = None
         self._tb = None
         try:
@@ -233,6 +237,7 @@ class RunBooks:
         # into start-up (until the first update), training and stop.
         self.opened_unix: float | None = None
         self.first_update_unix: float | None = None
+        self.training_ended_unix: float | None = None  # before the final saves and stop
 
     # -- across resumes ----------------------------------------------------------
     def restore(self, checkpoint: str, totals: dict) -> None:
@@ -436,6 +441,7 @@ class RunBooks:
             "best": best,
             "opened_unix": self.opened_unix,
             "first_update_unix": self.first_update_unix,
+            "training_ended_unix": self.training_ended_unix,
             "ended_unix": time.time(),
         }
         if self.summary_extras is not None:
@@ -477,7 +483,7 @@ def _cut_after(path: Path, step: int) -> None:
     for line in lines:
         try:
             if json.loads(line)["global_step"] <= step:
-                kept.append(line)
+                kept.append(line if line.endswith("\n") else line + "\n")
         except (ValueError, KeyError):  # a row cut short by the crash
             continue
     if len(kept) == len(lines):
@@ -485,8 +491,12 @@ def _cut_after(path: Path, step: int) -> None:
     log.info("resuming at step %s: %d rows of %s written after that checkpoint were dropped",
              f"{step:,}", len(lines) - len(kept), path.name)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept))
-    tmp.replace(path)
+    try:
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _quiet_tensorboard_thread() -> None:

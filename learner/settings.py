@@ -206,7 +206,7 @@ class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSett
     worker_addresses: tuple[str, ...] = ()
     """host:port of every rollout worker."""
     addresses_file: str = ""
-    """Instead of --worker-addresses: wait (up to --connect-timeout) for this JSON file,
+    """Instead of --worker-addresses: wait for this JSON file (its launcher bounds the wait),
     {"addresses": [...]}, which a launcher writes once its workers listen, so that the
     learner's start-up (its imports) overlaps the workers'."""
     finishing_file: str = ""

@@ -68,6 +68,12 @@ class StallWatch:
             self._warned = False
         self._last = now
 
+    def excused(self) -> None:
+        """The learner itself holds every credit back (an update or a save runs): no
+        worker can send, so this time is nobody's stall."""
+        if self._last is not None and not self._warned:
+            self._last = time.monotonic()
+
     def waiting(self, workers: int) -> None:
         """The learner is waiting for fragments (called every fraction of a second)."""
         if self._last is None:

@@ -236,9 +236,12 @@ class EnvGuard(gym.Wrapper):
     """
 
     def __init__(self, env: gym.Env, failure_rate: float = 0.25, failure_window: int = 100,
-                 nonfinite: str = "drop", on_reset: Callable[[], None] | None = None) -> None:
+                 nonfinite: str = "drop", on_progress: Callable[[str], None] | None = None
+                 ) -> None:
         super().__init__(env)
-        self._on_reset = on_reset
+        self._on_progress = on_progress
+        if on_progress is not None:
+            on_progress("made")
         self._spec = env.spec
         self.budget = FailureBudget(failure_rate, failure_window)
         self.nonfinite = nonfinite
@@ -277,8 +280,8 @@ class EnvGuard(gym.Wrapper):
             obs, _, _, _, info = self._recover(
                 FAULT_NONFINITE, f"non-finite first observation {np.asarray(obs).tolist()}",
                 "reset")
-        if self._on_reset is not None:
-            self._on_reset()
+        if self._on_progress is not None:
+            self._on_progress("reset")
         return obs, info
 
     def _recover(self, kind: int, detail: str, call: str = "step"):
@@ -323,12 +326,13 @@ def _last_line(detail: str) -> str:
 
 def make_vector_env(
     settings: EnvSettings, num_envs: int, vector_mode: str = "auto",
-    on_reset: Callable[[], None] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> gym.vector.VectorEnv:
     """Make the worker's vector env with NEXT_STEP autoreset, each sub-env in an EnvGuard
     (sync and async modes; an env's own vector implementation cannot be wrapped, and
-    the collector then recreates the whole vector env on a fault). `on_reset` is called
-    after each sub-env's reset, in synchronous mode (async sub-envs live elsewhere).
+    the collector then recreates the whole vector env on a fault). `on_progress` is
+    called with "made" once each sub-env exists and "reset" after each of its resets, in
+    synchronous mode (async sub-envs live in other processes).
 
     Raises:
         EnvError: as describe_env, or the vector env does not autoreset in NEXT_STEP mode.
@@ -338,7 +342,7 @@ def make_vector_env(
         EnvGuard, failure_rate=getattr(settings, "env_failure_rate", 0.25),
         failure_window=getattr(settings, "env_failure_window", 100),
         nonfinite=getattr(settings, "nonfinite", "drop"),
-        on_reset=on_reset if vector_mode != "async" else None,
+        on_progress=on_progress if vector_mode != "async" else None,
     )
     guarded = {"vector_kwargs": {"autoreset_mode": AutoresetMode.NEXT_STEP}, "wrappers": [guard]}
     has_own = not isinstance(spec, EnvSpec) and (

@@ -55,6 +55,10 @@ PROGRESS_EVERY = 10.0
 """Seconds between writes of a worker's progress file after the first."""
 
 
+class StartupCancelled(HetrlError):
+    """A stop arrived while the worker was still making or resetting its envs."""
+
+
 class WorkerState(enum.Enum):
     IDLE = "idle"
     STREAMING = "streaming"
@@ -95,9 +99,16 @@ class StreamServer:
         subclasses that have any call `starting_progress` as it goes."""
 
     def starting_progress(self, what: str) -> None:
-        """Start-up goes on: `what` it is doing now (told to a learner that asks)."""
+        """Start-up goes on: `what` it is doing now (told to a learner that asks).
+
+        Raises:
+            StartupCancelled: the worker was asked to stop meanwhile (a signal): the
+                start-up ends here instead of making and resetting every env first.
+        """
         self.starting = what
         self._progress_at = time.monotonic()
+        if self.stopped.is_set() and not self.ready.is_set():
+            raise StartupCancelled(self.stop_reason)
 
     def watched_since(self) -> float | None:
         """What the watchdog times: the last progress of start-up, then each env call
@@ -302,7 +313,12 @@ def serve_until_stopped(worker: StreamServer, max_receive_bytes: int) -> int:
     code = EXIT_OK
     try:
         if not worker.ready.is_set():
-            worker.prepare()  # the learner is told "starting: ..." meanwhile
+            try:
+                worker.prepare()  # the learner is told "starting: ..." meanwhile
+            except StartupCancelled:
+                log.info("worker %d stopped during its start-up (%s)", settings.worker_id,
+                         worker.stop_reason)
+                return code
             worker.ready.set()
             worker.last_learner_seen = time.monotonic()  # the dead-man's switch starts now
             log.info("worker %d ready after %.1f s", settings.worker_id,

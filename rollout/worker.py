@@ -17,6 +17,7 @@ counted; the worker stays up.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import threading
@@ -105,7 +106,7 @@ class RolloutWorker(StreamServer):
             action_space=str(act_space),
             inference="worker",
         )
-        self._resets = 0
+        self._progress: collections.Counter[str] = collections.Counter()
         if prepare:
             self.prepare()
             self.ready.set()
@@ -119,7 +120,7 @@ class RolloutWorker(StreamServer):
         """Make the envs and reset them (the collector's first observations), saying
         how far it has come: a simulator that takes 20 s a reset is starting, not hung."""
         s = self.settings
-        self.starting_progress(f"making {s.envs_per_worker} envs")
+        self.starting_progress(f"making envs, 0 of {s.envs_per_worker} done")
         self.envs = self._make_envs()
         self.starting_progress(f"resetting envs, 0 of {s.envs_per_worker} done")
         self.collector = Collector(
@@ -128,18 +129,21 @@ class RolloutWorker(StreamServer):
             nonfinite=s.nonfinite,
         )
 
-    def _reset_done(self) -> None:
-        """An env finished a reset (EnvGuard's hook, synchronous vector envs only)."""
-        self._resets += 1
+    def _env_progress(self, event: str) -> None:
+        """An env was made or finished a reset (EnvGuard's hook, synchronous vector envs
+        only): start-up moves on, and a step that autoresets is slow, not hung."""
+        self._progress[event] += 1
         if not self.ready.is_set():
-            self.starting_progress(f"resetting envs, {self._resets} of "
+            doing = "making" if event == "made" else "resetting"
+            self.starting_progress(f"{doing} envs, {self._progress[event]} of "
                                    f"{self.settings.envs_per_worker} done")
-        else:  # within a step (autoreset): the step is slow, not hung
+        else:
             self.starting_progress(self.starting)
 
     def _make_envs(self):
         s = self.settings
-        return make_vector_env(s, s.envs_per_worker, s.vector_mode, on_reset=self._reset_done)
+        return make_vector_env(s, s.envs_per_worker, s.vector_mode,
+                               on_progress=self._env_progress)
 
     def busy_since(self) -> float | None:
         return self.collector.busy_since
@@ -235,7 +239,9 @@ class RolloutWorker(StreamServer):
         return True
 
     def close(self) -> None:
-        if hasattr(self, "envs"):  # a worker stopped before its start-up made any has none
+        if hasattr(self, "collector"):  # the vector env now stepped (maybe recreated)
+            self.collector.envs.close()
+        elif hasattr(self, "envs"):  # stopped during start-up: what was made so far
             self.envs.close()
 
 
