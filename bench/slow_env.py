@@ -6,7 +6,7 @@ synchronous vector env of 8 with random actions, as the workers would, for
 --seconds), then `hetrl local` with 2 workers x 8 envs x 64 steps for about as many
 env steps, its rate by the learner's clock (first update to last). Envs:
 `bench.envs:SlowSim` (a custom simulator, ~10 ms a step: 8 ms sleep, 2 ms CPU) and
-`bench.envs:make_heavy_humanoid` (MuJoCo Humanoid-v5 at frame skip 60: a real,
+`bench.envs:make_heavy_humanoid` (MuJoCo Humanoid-v5 at frame skip 200: a real,
 CPU-bound one). Target: hetrl >= 0.85 x bare, no stalled seconds, no worker left
 unstopped, verdict experience-bound with the step cost named.
 Run: `python -m bench.slow_env [--quick]`; record bench/results/summary_slow_env.json.
