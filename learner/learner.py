@@ -49,7 +49,7 @@ from hetrl.learner.reserve import DiskReserve
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.learner.stalls import StallWatch
 from hetrl.learner.utilisation import UtilisationSampler
-from hetrl.rollout.envs import action_dtype, describe_env
+from hetrl.rollout.envs import action_dtype, action_shape, describe_env
 from hetrl.rollout.errors import ConfigError, HetrlError, NonFiniteError, OutputError
 from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
@@ -104,7 +104,7 @@ class Learner:
             action_space=str(act_space),
             obs_shape=tuple(obs_space.shape),
             obs_dtype=np.dtype(obs_space.dtype),
-            action_shape=tuple(act_space.shape or ()),
+            action_shape=action_shape(act_space),
             action_dtype=action_dtype(act_space),
         )
         # Bounded in practice by the credits: each worker holds at most

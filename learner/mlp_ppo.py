@@ -15,8 +15,9 @@ gradient-norm clip; the optimizer is still the run's `PolicyAdam`, stepping the 
 buffer, and minibatches come from the same `torch.randperm` stream, so a seeded run
 draws the same minibatches either way. Tests hold its gradients, statistics and trained
 weights equal to autograd's. `for_policy` says whether it applies (the built-in MLP
-actor-critic, float32, on CPU, `PolicyAdam` flat, `--gradients auto`); anything else
-(a custom --policy, pixels, a GPU) trains through autograd.
+actor-critic, float32, on CPU, `PolicyAdam` flat, `--gradients auto`, Discrete or Box
+actions); anything else (a custom --policy, pixels, a GPU, MultiDiscrete or MultiBinary
+actions) trains through autograd.
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ class MLPMinibatchSteps:
         if buffer.device.type != "cpu" or buffer.dtype != torch.float32:
             return None
         net = policy.net
+        if policy.action_kind not in ("categorical", "gaussian"):
+            return None
         if type(net) is not MLPActorCritic or policy.scale_uint8:
             return None
         actor, critic = _dense_layers(net.actor), _dense_layers(net.critic)

@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from hetrl.rollout.assembly import FragmentBuilder
-from hetrl.rollout.envs import action_dtype
+from hetrl.rollout.envs import action_dtype, action_shape
 from hetrl.rollout.fragments import FragmentArrays
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.stepping import EnvStepper
@@ -38,7 +38,7 @@ class Collector:
         obs_space, action_space = envs.single_observation_space, envs.single_action_space
         self.builder = FragmentBuilder(
             envs.num_envs, length, obs_space.shape or (), np.dtype(obs_space.dtype),
-            action_space.shape or (), action_dtype(action_space), self.stepper.reset(seed))
+            action_shape(action_space), action_dtype(action_space), self.stepper.reset(seed))
 
     @property
     def envs(self) -> gym.vector.VectorEnv:

@@ -68,4 +68,50 @@ class DiagonalGaussian:
         return self.mean
 
 
-ActionDistribution = Categorical | DiagonalGaussian
+class MultiCategorical:
+    """Several independent discrete choices (MultiDiscrete): logits [B, sum(nvec)], one
+    block per choice; an action is [B, len(nvec)] and its log-prob the sum of the
+    choices'."""
+
+    def __init__(self, logits: torch.Tensor, nvec: tuple[int, ...]) -> None:
+        self.parts = [Categorical(block) for block in logits.split(list(nvec), -1)]
+
+    def sample(self) -> torch.Tensor:
+        return torch.stack([part.sample() for part in self.parts], -1)
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        return torch.stack([part.log_prob(actions[..., i]) for i, part in
+                            enumerate(self.parts)], -1).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return torch.stack([part.entropy() for part in self.parts], -1).sum(-1)
+
+    def mode(self) -> torch.Tensor:
+        return torch.stack([part.mode() for part in self.parts], -1)
+
+
+class Bernoulli:
+    """Independent on/off choices (MultiBinary): logits [B, n]; an action is [B, n] of 0
+    and 1, its log-prob the sum over the n."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+    def sample(self) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.bernoulli(torch.sigmoid(self.logits)).long()
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        # log sigmoid(l) for a 1, log(1 - sigmoid(l)) = log sigmoid(-l) for a 0
+        ones = actions.to(self.logits.dtype)
+        return (ones * self.logits - torch.nn.functional.softplus(self.logits)).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        softplus = torch.nn.functional.softplus(self.logits)
+        return (softplus - self.logits * torch.sigmoid(self.logits)).sum(-1)
+
+    def mode(self) -> torch.Tensor:
+        return (self.logits > 0).long()
+
+
+ActionDistribution = Categorical | DiagonalGaussian | MultiCategorical | Bernoulli

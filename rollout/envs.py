@@ -47,9 +47,22 @@ class EnvDescription:
 
 
 
+_CHOICE_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
 def action_dtype(action_space: gym.Space) -> np.dtype:
-    """The dtype actions are sampled, trained and sent in: int64 for Discrete, else float32."""
-    return np.dtype(np.int64) if isinstance(action_space, gym.spaces.Discrete) else np.dtype("<f4")
+    """The dtype actions are sampled, trained and sent in: int64 for choices (Discrete,
+    MultiDiscrete, MultiBinary), float32 for Box."""
+    return np.dtype(np.int64) if isinstance(action_space, _CHOICE_SPACES) else np.dtype("<f4")
+
+
+def action_shape(action_space: gym.Space) -> tuple[int, ...]:
+    """The shape of one action as the policy samples it and fragments carry it: () for
+    Discrete, else flat (a Box (2, 3) is 6 numbers, a MultiDiscrete of nvec [[3, 3],
+    [3, 3]] 4 choices); `Policy.env_actions` gives the env back its own shape."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return ()
+    return (int(np.prod(action_space.shape or ())),)
 
 def import_user_module(name: str, flag: str, error: type[Exception] = EnvError) -> ModuleType:
     """Import a user's module the way `python -m` would find it: installed packages first,
@@ -146,13 +159,25 @@ def check_spaces(observation_space: gym.Space, action_space: gym.Space, env: str
         )
     if observation_space.dtype is None or np.dtype(observation_space.dtype).kind not in "biuf":
         raise EnvError(f"{env}: observation dtype {observation_space.dtype} is not numeric")
-    if isinstance(action_space, gym.spaces.Discrete):
+    if isinstance(action_space, (*_CHOICE_SPACES, gym.spaces.Box)):
+        if int(np.prod(action_space.shape or ())) == 0 and not isinstance(
+                action_space, gym.spaces.Discrete):
+            raise EnvError(f"{env}: action space {action_space} has no dimensions to act on")
         return
-    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-        return
-    raise EnvError(
-        f"{env}: action space {action_space} is not supported; use Discrete or a 1-D Box"
-    )
+    raise EnvError(f"{env}: action space {action_space} is not supported. {_nearest(action_space)}")
+
+
+def _nearest(space: gym.Space) -> str:
+    """What to do with an action space hetrl cannot sample from."""
+    kinds = "Discrete, MultiDiscrete, MultiBinary or Box (any shape)"
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        return (f"Nested actions are not supported yet: expose one {kinds} action with a "
+                "gymnasium.ActionWrapper that splits it into the parts (e.g. a Box for the "
+                "continuous parts, a MultiDiscrete for the choices).")
+    if isinstance(space, gym.spaces.Text):
+        return ("Text actions cannot be sampled by a policy head: offer a fixed set of "
+                "strings as a Discrete choice with a gymnasium.ActionWrapper.")
+    return f"hetrl samples {kinds}; map this one to one of them with a gymnasium.ActionWrapper."
 
 
 def describe_env(settings: EnvSettings) -> EnvDescription:

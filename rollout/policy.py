@@ -2,9 +2,11 @@
 
 Both sides build it from the same spaces and `PolicySettings`, so a state dict moves
 between them as named arrays (`policy_arrays` / `load_policy_arrays`), never pickled.
-Discrete actions use a categorical head; 1-D Box actions a diagonal Gaussian whose
-samples are clipped to [-1, 1] and rescaled to the env's bounds before stepping (the
-raw sample is what gets trained on). Observation normalisation statistics are
+Discrete actions use a categorical head, MultiDiscrete one categorical per choice,
+MultiBinary one Bernoulli per bit, and Box actions (any shape, flattened) a diagonal
+Gaussian whose samples are clipped to [-1, 1] and rescaled to the env's bounds before
+stepping (the raw sample is what gets trained on); `env_actions` gives the env its own
+shape and offsets back. Observation normalisation statistics are
 buffers of the module, so they travel with the weights. No gRPC, no envs here.
 """
 
@@ -17,7 +19,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetrl.rollout.distributions import ActionDistribution, Categorical, DiagonalGaussian
+from hetrl.rollout.distributions import (
+    ActionDistribution,
+    Bernoulli,
+    Categorical,
+    DiagonalGaussian,
+    MultiCategorical,
+)
 from hetrl.rollout.envs import import_user_module
 from hetrl.rollout.errors import ConfigError, WireFormatError
 from hetrl.rollout.settings import PolicySettings
@@ -105,11 +113,18 @@ class Policy(nn.Module):
         self, observation_space: gym.spaces.Box, action_space: gym.Space, settings: PolicySettings
     ) -> None:
         super().__init__()
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.action_kind, head_dim = _head(action_space)
+        self.discrete = self.action_kind == "categorical"
+        """One categorical choice (the cases hetrl's numpy update derives by hand are this
+        and the Gaussian)."""
+        self._env_shape = tuple(action_space.shape or ())
+        self._nvec: tuple[int, ...] = ()
+        self._start: np.ndarray | int = 0
         if isinstance(action_space, gym.spaces.Discrete):
-            head_dim = int(action_space.n)
-        else:
-            head_dim = int(np.prod(action_space.shape or ()))
+            self._start = int(action_space.start)
+        elif isinstance(action_space, gym.spaces.MultiDiscrete):
+            self._nvec = tuple(int(n) for n in action_space.nvec.reshape(-1))
+            self._start = action_space.start.reshape(-1).astype(np.int64)
         self.scale_uint8 = np.dtype(observation_space.dtype) == np.uint8
         if settings.normalize_observations and not self.scale_uint8:
             self.obs_rms: RunningMeanStd | None = RunningMeanStd(observation_space.shape)
@@ -122,7 +137,7 @@ class Policy(nn.Module):
             self.net = MLPActorCritic(obs_dim, head_dim, settings)
         if isinstance(action_space, gym.spaces.Box):
             self.log_std = nn.Parameter(torch.zeros(head_dim))
-            low, high = action_space.low, action_space.high
+            low, high = action_space.low.reshape(-1), action_space.high.reshape(-1)
             self._bounded = bool(np.all(np.isfinite(low)) and np.all(np.isfinite(high)))
             self._low, self._high = low.astype(np.float32), high.astype(np.float32)
 
@@ -149,8 +164,12 @@ class Policy(nn.Module):
         return self.net(obs if preprocessed else self.preprocess(obs))
 
     def distribution(self, head: torch.Tensor) -> ActionDistribution:
-        if self.discrete:
+        if self.action_kind == "categorical":
             return Categorical(head)
+        if self.action_kind == "multi_categorical":
+            return MultiCategorical(head, self._nvec)
+        if self.action_kind == "bernoulli":
+            return Bernoulli(head)
         return DiagonalGaussian(head, self.log_std)
 
     def forward(self, obs: torch.Tensor, preprocessed: bool = False
@@ -166,11 +185,30 @@ class Policy(nn.Module):
         return actions.numpy(), dist.log_prob(actions).numpy()
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
-        """Map sampled actions to what the env accepts (clip to [-1, 1], rescale to bounds)."""
-        if self.discrete or not self._bounded:
+        """Map a batch of sampled actions to what the env accepts: choices offset by the
+        space's `start`, Box samples clipped to [-1, 1] and rescaled to its bounds, and
+        each action in the space's own shape."""
+        if self.action_kind == "gaussian" and self._bounded:
+            clipped = np.clip(actions, -1.0, 1.0)
+            actions = self._low + (clipped + 1.0) * 0.5 * (self._high - self._low)
+        elif self.action_kind in ("categorical", "multi_categorical") and np.any(self._start):
+            actions = actions + self._start
+        if self.action_kind == "categorical":
             return actions
-        clipped = np.clip(actions, -1.0, 1.0)
-        return self._low + (clipped + 1.0) * 0.5 * (self._high - self._low)
+        return actions.reshape(len(actions), *self._env_shape)
+
+
+def _head(action_space: gym.Space) -> tuple[str, int]:
+    """The kind of action distribution for a space, and how many numbers the network's
+    action head gives it (logits, or the Gaussian's means)."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return "categorical", int(action_space.n)
+    if isinstance(action_space, gym.spaces.MultiDiscrete):
+        return "multi_categorical", int(action_space.nvec.sum())
+    size = int(np.prod(action_space.shape or ()))
+    if isinstance(action_space, gym.spaces.MultiBinary):
+        return "bernoulli", size
+    return "gaussian", size
 
 
 def policy_arrays(policy: nn.Module) -> dict[str, np.ndarray]:

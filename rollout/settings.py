@@ -57,7 +57,9 @@ class PolicySettings:
     """Activation of the default MLP."""
     policy: str = ""
     """Custom torch module `my_pkg.my_mod:MyNet`, called as MyNet(observation_space,
-    action_space); forward(obs) returns (logits or action mean, value). Empty: the MLP."""
+    action_space); forward(obs) returns (head [B, k], value [B]): k logits for Discrete(k),
+    sum(nvec) for MultiDiscrete (one block per choice), n for MultiBinary(n), the means of
+    the flattened action for a Box. Empty: the MLP."""
     normalize_observations: bool = True
     """Normalize float observations with running mean/std kept in the policy's buffers
     (uint8 observations are scaled to [0, 1] instead)."""

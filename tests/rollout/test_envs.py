@@ -98,7 +98,7 @@ def test_entry_point_with_nothing_close_lists_what_the_module_defines() -> None:
         describe_env(EnvSettings(env="tests.fixtures.envs:Qwxyzzy"))
     message = str(info.value)
     assert ("module tests.fixtures.envs has no Qwxyzzy, and no env id Qwxyzzy is registered; "
-            "its classes and functions include CrashAfter, DictObs") in message
+            "its classes and functions include CopyBits, CrashAfter, DictObs") in message
     assert "gym" not in message.partition("include")[2]  # what it imports is no suggestion
 
 

@@ -67,6 +67,58 @@ def test_act_shapes_and_logprobs() -> None:
     np.testing.assert_allclose(expected, logp, rtol=1e-5, atol=1e-6)
 
 
+MULTI_SPACES = {
+    "discrete from 1": gym.spaces.Discrete(3, start=1),
+    "multidiscrete": gym.spaces.MultiDiscrete([4, 2, 3], start=[0, 0, -1]),
+    "multidiscrete 2-d": gym.spaces.MultiDiscrete([[2, 3], [4, 5]]),
+    "multibinary 2x3": gym.spaces.MultiBinary([2, 3]),
+    "box 2x2": gym.spaces.Box(-2.0, 2.0, (2, 2), np.float32),
+}
+
+
+@pytest.mark.parametrize("name", MULTI_SPACES)
+def test_every_action_space_samples_flat_and_steps_in_its_own_shape(name: str) -> None:
+    from hetrl.rollout.envs import action_dtype, action_shape
+
+    space = MULTI_SPACES[name]
+    space.seed(0)
+    torch.manual_seed(0)
+    policy = Policy(OBS, space, PolicySettings())
+    actions, logp = policy.act(np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32))
+    # What is trained and sent: flat, in the action dtype, one log-prob per action.
+    assert actions.shape == (64, *action_shape(space)) and logp.shape == (64,)
+    assert actions.dtype == action_dtype(space)
+    dist, _ = policy(torch.zeros(64, 4))
+    assert dist.log_prob(torch.from_numpy(actions)).shape == (64,)
+    assert dist.entropy().shape == (64,)
+    # What the env gets: every action in its space, in its own shape.
+    stepped = policy.env_actions(actions)
+    assert stepped.shape == (64, *space.shape)
+    for action in stepped:
+        assert space.contains(action.astype(space.dtype)), (name, action)
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        # every value of every choice is reachable from a uniform policy
+        flat = stepped.reshape(64, -1)
+        starts = np.broadcast_to(space.start, space.shape).reshape(-1) if space.shape else \
+            [space.start]
+        sizes = space.nvec.reshape(-1) if isinstance(space, gym.spaces.MultiDiscrete) else \
+            [space.n]
+        for i, (start, n) in enumerate(zip(starts, sizes, strict=True)):
+            assert set(flat[:, i].tolist()) == set(range(start, start + n)), (name, i)
+
+
+def test_unsupported_action_spaces_name_the_space_and_what_to_do() -> None:
+    from hetrl.rollout.envs import check_spaces
+    from hetrl.rollout.errors import EnvError
+
+    with pytest.raises(EnvError, match="Text actions cannot be sampled.*Discrete choice"):
+        check_spaces(OBS, gym.spaces.Text(8), "my-env")
+    nested = gym.spaces.Dict({"move": gym.spaces.Box(-1, 1, (2,)),
+                              "fire": gym.spaces.Discrete(2)})
+    with pytest.raises(EnvError, match="Nested actions are not supported yet.*ActionWrapper"):
+        check_spaces(OBS, nested, "my-env")
+
+
 def test_uint8_observations_are_scaled_not_normalized() -> None:
     space = gym.spaces.Box(0, 255, (4, 4), np.uint8)
     policy = Policy(space, gym.spaces.Discrete(2), PolicySettings())
