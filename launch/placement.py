@@ -92,7 +92,7 @@ def measure_placement(settings, seconds: float = 1.0, workers: int = 2) -> Place
     from hetrl.protos import hetrl_pb2
     from hetrl.rollout import wire
     from hetrl.rollout.env_server import env_step_message, group_sizes
-    from hetrl.rollout.envs import action_dtype, make_vector_env
+    from hetrl.rollout.envs import action_dtype, action_shape, make_vector_env
     from hetrl.rollout.policy import Policy
     from hetrl.rollout.stepping import EnvStepper
 
@@ -128,7 +128,7 @@ def measure_placement(settings, seconds: float = 1.0, workers: int = 2) -> Place
         hello = hetrl_pb2.Hello(num_envs=n, fragment_length=settings.fragment_length,
                                 env_groups=len(group_sizes(n)))  # group 0 is timed
         shapes = CentralShapes(tuple(obs_space.shape or ()), np.dtype(obs_space.dtype),
-                               tuple(act_space.shape or ()), action_dtype(act_space))
+                               action_shape(act_space), action_dtype(act_space))
 
         class Immediate:
             def submit(self, observations, answer):

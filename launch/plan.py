@@ -123,7 +123,6 @@ def _time_updates(settings: PlanSettings, d, train, seconds: float) -> float:
 
     from hetrl.learner.optimizer import PolicyAdam
     from hetrl.learner.ppo import Batch, ppo_update
-    from hetrl.rollout.envs import action_dtype
     from hetrl.rollout.policy import Policy
 
     policy = Policy(d.observation_space, d.action_space, settings)
@@ -133,11 +132,10 @@ def _time_updates(settings: PlanSettings, d, train, seconds: float) -> float:
     n = settings.envs_per_worker * train.batch_fragments(2)
     rng = np.random.default_rng(0)
     obs = np.stack([d.observation_space.sample() for _ in range((t_len + 1) * n)])
-    actions = np.stack([d.action_space.sample() for _ in range(t_len * n)])
+    actions, _ = policy.act(obs[:t_len * n])  # as the policy samples them (flat, no offset)
     batch = Batch(
         observations=torch.from_numpy(obs.reshape(t_len + 1, n, *obs.shape[1:])),
-        actions=torch.from_numpy(actions.astype(action_dtype(d.action_space)).reshape(
-            t_len, n, *actions.shape[1:])),
+        actions=torch.from_numpy(actions.reshape(t_len, n, *actions.shape[1:])),
         logprobs=torch.full((t_len, n), -0.7),
         rewards=torch.from_numpy(rng.normal(size=(t_len, n)).astype(np.float32)),
         terminated=torch.zeros(t_len, n, dtype=torch.bool),

@@ -56,6 +56,18 @@ def action_dtype(action_space: gym.Space) -> np.dtype:
     return np.dtype(np.int64) if isinstance(action_space, _CHOICE_SPACES) else np.dtype("<f4")
 
 
+def in_space_dtype(actions: np.ndarray, action_space: gym.Space) -> np.ndarray:
+    """Env actions in the dtype their space declares (an int32 MultiDiscrete, an int8
+    MultiBinary, an integer Box rounded), so an env that checks `action_space.contains`
+    accepts them; hetrl samples and sends int64 or float32."""
+    dtype = np.dtype(action_space.dtype) if action_space.dtype is not None else None
+    if dtype is None or actions.dtype == dtype:
+        return actions
+    if dtype.kind in "iub" and actions.dtype.kind == "f":
+        actions = np.rint(actions)
+    return actions.astype(dtype)
+
+
 def action_shape(action_space: gym.Space) -> tuple[int, ...]:
     """The shape of one action as the policy samples it and fragments carry it: () for
     Discrete, else flat (a Box (2, 3) is 6 numbers, a MultiDiscrete of nvec [[3, 3],

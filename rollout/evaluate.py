@@ -28,7 +28,7 @@ from gymnasium.wrappers import RecordVideo
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from hetrl.rollout.envs import describe_env, env_spec
+from hetrl.rollout.envs import describe_env, env_spec, in_space_dtype
 from hetrl.rollout.errors import ConfigError, HetrlError
 from hetrl.rollout.exits import EXIT_FAILED
 from hetrl.rollout.lifetime import start_child
@@ -95,7 +95,7 @@ class TrainedPolicy:
                              f"shape (B, {', '.join(map(str, shape))}); got {obs.shape}")
         dist, _ = self.policy(torch.from_numpy(obs[None] if single else obs))
         raw = dist.mode() if deterministic else dist.sample()
-        actions = self.policy.env_actions(raw.numpy())
+        actions = in_space_dtype(self.policy.env_actions(raw.numpy()), self.action_space)
         return actions[0] if single else actions
 
 

@@ -195,7 +195,8 @@ class Policy(nn.Module):
             actions = actions + self._start
         if self.action_kind == "categorical":
             return actions
-        return actions.reshape(len(actions), *self._env_shape)
+        # A copy: an env that changes its action in place must not change what is trained.
+        return actions.reshape(len(actions), *self._env_shape).copy()
 
 
 def _head(action_space: gym.Space) -> tuple[str, int]:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from hetrl.rollout.envs import FAULT_KEY, FailureBudget
+from hetrl.rollout.envs import FAULT_KEY, FailureBudget, in_space_dtype
 from hetrl.rollout.errors import EnvError, EnvUnhealthyError, NonFiniteError
 
 log = logging.getLogger("hetrl.collector")
@@ -71,6 +71,7 @@ class EnvStepper:
             EnvUnhealthyError: failures beyond the budget. NonFiniteError: NaN/Inf under
                 --nonfinite fail. EnvError: actions or observations of the wrong shape.
         """
+        env_actions = in_space_dtype(env_actions, self.envs.single_action_space)
         try:
             obs, reward, term, trunc, info = self._env_call(self.envs.step, env_actions)
         except (EnvError, NonFiniteError):

@@ -140,3 +140,20 @@ def test_custom_module_errors() -> None:
         Policy(OBS, gym.spaces.Discrete(2), PolicySettings(policy="nope_mod:Net"))
     with pytest.raises(ConfigError, match="my_pkg.my_mod:MyNet"):
         PolicySettings(policy="just_a_name")
+
+
+def test_env_actions_reach_the_env_in_its_dtype_and_never_alias_what_is_trained() -> None:
+    from hetrl.rollout.envs import in_space_dtype
+
+    space = gym.spaces.MultiDiscrete([3, 3], dtype=np.int32)
+    policy = Policy(OBS, space, PolicySettings())
+    actions, _ = policy.act(np.zeros((4, 4), np.float32))
+    stepped = in_space_dtype(policy.env_actions(actions), space)
+    assert stepped.dtype == np.int32 and all(space.contains(a) for a in stepped)
+    bits = Policy(OBS, gym.spaces.MultiBinary(3), PolicySettings())
+    sampled, _ = bits.act(np.zeros((4, 4), np.float32))
+    given = bits.env_actions(sampled)
+    given += 1  # an env that changes its action in place
+    assert set(np.unique(sampled)) <= {0, 1}
+    rounded = in_space_dtype(np.array([[2.6, -0.4]], np.float32), gym.spaces.Box(-5, 5, (2,), int))
+    assert rounded.dtype == np.int64 and rounded.tolist() == [[3, 0]]
