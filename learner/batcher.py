@@ -159,6 +159,9 @@ class Batcher:
         self._warned_drops = False
         self.lag_histogram: collections.Counter[int] = collections.Counter()
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
+        # global_step and recent_returns change together, on this thread; `progress`
+        # reads them together (the best policy and its metrics row must name one step).
+        self._books_lock = threading.Lock()
 
     def start(self) -> None:
         self._thread.start()
@@ -218,6 +221,11 @@ class Batcher:
     def release(self, ready: ReadyBatch) -> None:
         """The training thread is done with `ready`: its host slot may be refilled."""
         self._free.put(ready.slot)
+
+    def progress(self) -> tuple[int, tuple[float, ...]]:
+        """(global step, the last 100 episode returns) as of one moment."""
+        with self._books_lock:
+            return self.global_step, tuple(self.recent_returns)
 
     # -- the batcher thread ------------------------------------------------------
     def _run(self) -> None:
@@ -375,9 +383,10 @@ class Batcher:
                        in_batch: set[int] | None) -> ReceivedFragment | Literal[False]:
         """Count a fragment into the batch being built (or drop it for lag)."""
         train_version = self._credit(stream, generation)  # its next fragment may start
-        self.global_step += fragment.steps
         returns = fragment.arrays.episode_returns
-        self.recent_returns.extend(returns.tolist())
+        with self._books_lock:
+            self.global_step += fragment.steps
+            self.recent_returns.extend(returns.tolist())
         self.episodes += len(returns)
         lag = train_version - fragment.policy_version
         self.lag_histogram[lag] += 1

@@ -369,8 +369,9 @@ class Learner:
                 self.version += 1
                 self._good_state = self._snapshot()
                 self.publisher.offer(self.version, self._good_state)
-                self.best.offer(self._good_state, self.batcher.recent_returns,
-                                self.global_step, self.version)
+                # One moment's step and returns for both the best policy and the row.
+                progress = self.batcher.progress()
+                self.best.offer(self._good_state, progress[1], progress[0], self.version)
         finally:
             # Credits held back for this update go out after its weights.
             for stream, generation in self.batcher.update_done(self.version):
@@ -379,7 +380,7 @@ class Learner:
             self._reject_nonfinite_update()
             return
         self.books.trained(ready, time.perf_counter() - train_start, stats, self.version,
-                           self.optimizer.param_groups[0]["lr"])
+                           self.optimizer.param_groups[0]["lr"], progress)
         self.evals.after_update(self.policy, self.global_step, metrics)
 
     def _reject_nonfinite_update(self) -> None:

@@ -338,11 +338,15 @@ class RunBooks:
         })
 
     def trained(self, ready: ReadyBatch, train_seconds: float, stats: dict[str, float],
-                version: int, learning_rate: float) -> None:
+                version: int, learning_rate: float,
+                progress: tuple[int, Sequence[float]] | None = None) -> None:
         """Log an update that made `version` from `ready` in `train_seconds`: its loss
-        `stats`, then the run's rates, lag, busy fractions and returns; show progress."""
+        `stats`, then the run's rates, lag, busy fractions and returns; show progress.
+        `progress`: the (global step, last returns) to log, as the best policy saw them;
+        None: the batcher's now."""
         assert self.metrics is not None, "open() first"
         books, metrics = self.batcher, self.metrics
+        step, returns = progress if progress is not None else books.progress()
         if self.first_update_unix is None:
             self.first_update_unix = time.time()
         self.train_seconds += train_seconds
@@ -362,17 +366,17 @@ class RunBooks:
         }, lags, ready.episode_returns, ready.episode_lengths)
         self.version = version
         # This process's rate: steps of a resumed run were made by an earlier one.
-        sps = (books.global_step - self.start_step) / max(metrics.session_seconds, 1e-9)
+        sps = (step - self.start_step) / max(metrics.session_seconds, 1e-9)
         if self.rows.due(time.monotonic()):
-            self._write_row(sps)
-        mean = float(np.mean(books.recent_returns)) if books.recent_returns else float("nan")
-        metrics.progress(books.global_step, self.settings.total_steps, sps, {
+            self._write_row(sps, step, returns)
+        mean = float(np.mean(returns)) if returns else float("nan")
+        metrics.progress(step, self.settings.total_steps, sps, {
             "return(100)": f"{mean:.1f}", "lag": f"{float(np.mean(lags)):.1f}",
             "dropped": str(books.dropped_lag)})
 
-    def _write_row(self, sps: float) -> None:
-        """A row of metrics.jsonl and TensorBoard: the updates since the last row, and
-        the run's figures now."""
+    def _write_row(self, sps: float, step: int, returns: Sequence[float]) -> None:
+        """A row of metrics.jsonl and TensorBoard at `step`: the updates since the last
+        row, and the run's figures now (`returns`: the last 100 episodes')."""
         assert self.metrics is not None
         books = self.batcher
         busy = self.wait_seconds + self.train_seconds
@@ -387,9 +391,9 @@ class RunBooks:
         }
         if self.extra_metrics is not None:
             row.update(self.extra_metrics())
-        if books.recent_returns:
-            row["charts/mean_return_100"] = float(np.mean(books.recent_returns))
-        self.metrics.log(books.global_step, row)
+        if returns:
+            row["charts/mean_return_100"] = float(np.mean(returns))
+        self.metrics.log(step, row)
 
     # -- at the end ----------------------------------------------------------------
     def write_summary(self, outcome: str, version: int, not_stopped: list[str],
@@ -407,8 +411,9 @@ class RunBooks:
 
         assert self.metrics is not None, "open() first"
         if self.rows.updates:  # the last updates' row
-            self._write_row((self.batcher.global_step - self.start_step)
-                            / max(self.metrics.session_seconds, 1e-9))
+            step, returns = self.batcher.progress()
+            self._write_row((step - self.start_step) / max(self.metrics.session_seconds, 1e-9),
+                            step, returns)
         books, stalled = self.batcher, self.stalled_seconds
         workers = [stream.address for stream in self.streams]
         summary = {

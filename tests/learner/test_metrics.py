@@ -28,6 +28,9 @@ class FakeBatcher:
         self.lag_histogram: collections.Counter[int] = collections.Counter()
         self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
 
+    def progress(self) -> tuple[int, tuple[float, ...]]:
+        return self.global_step, tuple(self.recent_returns)
+
 
 class NoSampler:
     def sample(self) -> dict[str, float]:
