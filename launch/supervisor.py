@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -91,6 +92,17 @@ def last_error_line(log_tail: str) -> str:
         if "Error" in line or "Exception" in line:
             return line[:400]
     return lines[-1][:400] if lines else "(its log is empty)"
+
+
+def death_cause(code: int | None, log_tail: str) -> str:
+    """Why a worker exited with `code`: the signal that killed it (its log cannot know:
+    its last error there is some earlier, handled one), else its log's last error line."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return last_error_line(log_tail)
 
 
 class Supervisor:
@@ -204,7 +216,7 @@ class Supervisor:
             deaths = self.deaths[i]
             if deaths.restart_at is None:  # a death not seen before
                 deaths.record(now, self.progress_file(i).exists())
-                why = last_error_line(worker.log_tail(400))
+                why = death_cause(code, worker.log_tail(400))
                 if deaths.fruitless >= GIVE_UP_AFTER:
                     raise ChildFailedError(
                         f"{worker.name} died {deaths.fruitless} times in a row before it "

@@ -117,3 +117,12 @@ def test_an_unhealthy_worker_is_a_failure_at_once(tmp_path) -> None:
         assert len(started) == 2
     finally:
         supervisor.stop(5.0)
+
+
+def test_a_killed_worker_is_said_to_be_killed_not_blamed_on_its_last_logged_error() -> None:
+    from hetrl.launch.supervisor import death_cause
+
+    log = "2026-12-03 12:00:00,000 hetrl.worker WARNING env 3 failed: RuntimeError: fault"
+    assert death_cause(-9, log) == "killed by SIGKILL"
+    assert death_cause(-15, log) == "killed by SIGTERM"
+    assert death_cause(1, log + "\nRuntimeError: boom") == "RuntimeError: boom"
