@@ -142,12 +142,30 @@ def _curve(metrics: Path) -> list[tuple[int, float, float]]:
             if "charts/mean_return_100" in r]
 
 
-def faulty_job(s: Settings) -> dict[str, Any]:
-    out = common.RESULTS / "runs" / "soak-faulty"
+_LOSSES = ("fragments_lost_in_flight", "env_faults", "episodes_aborted", "env_steps_lost",
+           "reconnects", "sequence_gaps", "workers_lost", "stalled_seconds")
+"""What a faulty job's summary says it lost or absorbed."""
+
+
+def _fresh_run(name: str) -> tuple[Path, Path]:
+    """An empty run folder bench/results/runs/<name> and the slow-reset flag's path
+    beside it (removed, so the one slow reset happens again)."""
+    out = common.RESULTS / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    flag = out.parent / "soak-slow-reset.flag"
+    flag = out.parent / f"{name}-slow-reset.flag"
     flag.unlink(missing_ok=True)
+    return out, flag
+
+
+def _busy_cores(busy_start, started: float) -> float:
+    """Cores the machine kept busy since `busy_start` (psutil.cpu_times) at `started`."""
+    idle = (psutil.cpu_times().idle - busy_start.idle) / psutil.cpu_count()
+    return round(psutil.cpu_count() - idle / max(time.time() - started, 1e-9), 2)
+
+
+def faulty_job(s: Settings) -> dict[str, Any]:
+    out, flag = _fresh_run("soak-faulty")
     env = dict(os.environ, PYTHONUNBUFFERED="1", **{STEP_FAULT_RATE: "0.01",
                                                    SLOW_RESET_FLAG: str(flag)})
     log_path = out.parent / "soak-faulty.log"
@@ -172,7 +190,7 @@ def faulty_job(s: Settings) -> dict[str, Any]:
     if not ended_early:
         proc.send_signal(signal.SIGTERM)
     code = proc.wait(120)
-    busy_end = psutil.cpu_times()
+    busy_cores = _busy_cores(busy_start, started)
     text = log_path.read_text()
     summary = json.loads((out / "summary.json").read_text())
     streams = _stream_times(text)
@@ -182,8 +200,6 @@ def faulty_job(s: Settings) -> dict[str, Any]:
             continue
         after = [t for t, w, _ in streams if w == event["worker"] and t > event["at"]]
         recoveries.append(round(after[0] - event["at"], 2) if after else None)
-    idle = (busy_end.idle - busy_start.idle) / psutil.cpu_count()
-    wall = time.time() - started
     return {
         "exit_code": code, "ended_by_itself": ended_early, "outcome": summary["outcome"],
         "global_step": summary["global_step"], "wall_seconds": summary["wall_seconds"],
@@ -193,12 +209,8 @@ def faulty_job(s: Settings) -> dict[str, Any]:
         "freezes": sum(e["kind"] == "freeze" for e in injector.events),
         "slow_reset_happened": flag.exists(),
         "recovery_seconds": recoveries,
-        "fragments_lost_in_flight": summary.get("fragments_lost_in_flight"),
-        **{key: summary.get(key) for key in ("env_faults", "episodes_aborted",
-                                             "env_steps_lost", "reconnects", "sequence_gaps",
-                                             "workers_lost",
-                                             "stalled_seconds")},
-        "machine_busy_cores": round(psutil.cpu_count() - idle / max(wall, 1e-9), 2),
+        **{key: summary.get(key) for key in _LOSSES},
+        "machine_busy_cores": busy_cores,
         "curve": _curve(out / "metrics.jsonl"), "events": injector.events,
         "played_return": played(out),
     }
@@ -209,11 +221,7 @@ def emulated_job(s: Settings) -> dict[str, Any]:
     from hetrl.launch.emulate import EmulateSettings, collect_result, prepare_hosts, start_host
     from hetrl.launch.processes import stop_all
 
-    out = common.RESULTS / "runs" / "soak-emulated"
-    shutil.rmtree(out, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    flag = out.parent / "soak-emulated-slow-reset.flag"
-    flag.unlink(missing_ok=True)
+    out, flag = _fresh_run("soak-emulated")
     faults = {STEP_FAULT_RATE: "0.01", SLOW_RESET_FLAG: str(flag), "PYTHONUNBUFFERED": "1"}
     cfg = EmulateSettings(env="bench.envs:FaultyCartPole", env_hosts=2, workers_per_env_host=1,
                           total_steps=1_000_000_000, seed=1, out=str(out), progress=False)
@@ -251,7 +259,7 @@ def emulated_job(s: Settings) -> dict[str, Any]:
             time.sleep(0.2)
     finally:
         stop_all(list(cluster.hosts.values()), 5.0)
-    busy_end = psutil.cpu_times()
+    busy_cores = _busy_cores(busy_start, started)
     result = collect_result(cluster)
     summary = result.summary
     streams = _stream_times(log_path.read_text())
@@ -262,8 +270,6 @@ def emulated_job(s: Settings) -> dict[str, Any]:
         address = f"127.0.0.{event['host'].split('-')[1]}"
         after = [t for t, _, a in streams if a == address and t > event["at"]]
         recoveries.append(round(after[0] - event["at"], 2) if after else None)
-    idle = (busy_end.idle - busy_start.idle) / psutil.cpu_count()
-    wall = time.time() - started
     return {
         "exit_code": result.exit_code, "host_exit_codes": result.exit_codes,
         "ended_by_itself": ended_early, "outcome": summary.get("outcome"),
@@ -274,11 +280,8 @@ def emulated_job(s: Settings) -> dict[str, Any]:
         "kills": sum(e["kind"] == "kill" for e in events), "freezes": 0,
         "slow_reset_happened": flag.exists(),
         "recovery_seconds": recoveries,
-        **{key: summary.get(key) for key in ("fragments_lost_in_flight", "env_faults",
-                                             "episodes_aborted", "env_steps_lost",
-                                             "reconnects", "sequence_gaps", "workers_lost",
-                                             "stalled_seconds")},
-        "machine_busy_cores": round(psutil.cpu_count() - idle / max(wall, 1e-9), 2),
+        **{key: summary.get(key) for key in _LOSSES},
+        "machine_busy_cores": busy_cores,
         "curve": _curve(out / "hosts" / cluster.learner / "model" / "metrics.jsonl"),
         "events": events,
         "played_return": played(out / "hosts" / cluster.learner / "model"),
