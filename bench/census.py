@@ -23,6 +23,7 @@ from bench import common
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import fragments
 from hetrl.rollout.fragments import FragmentArrays
+from hetrl.rollout.observations import ObsLayout
 
 T_LEN, N_ENVS = 64, 8
 
@@ -63,7 +64,7 @@ def run(quick: bool = False) -> list[dict]:
 
     def decode():
         return fragments.from_message(parsed.fragment, fragments.expected_steps(
-            T_LEN, N_ENVS, (width,), np.dtype(np.float32), (), np.dtype(np.int64)))
+            T_LEN, N_ENVS, ObsLayout.box((width,), np.float32), (), np.dtype(np.int64)))
 
     decoded = decode().arrays.observations
     other = decoded.copy()

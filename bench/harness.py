@@ -147,10 +147,11 @@ def stream_spec(settings):
     """The StreamSpec a learner would build for these settings' env."""
     from hetrl.learner.connections import StreamSpec
     from hetrl.rollout.envs import action_dtype, describe_env
+    from hetrl.rollout.observations import ObsLayout
 
     desc = describe_env(settings)
     obs, act = desc.observation_space, desc.action_space
-    return StreamSpec(settings.env, str(obs), str(act), tuple(obs.shape), np.dtype(obs.dtype),
+    return StreamSpec(settings.env, str(obs), str(act), ObsLayout.of(obs),
                       tuple(act.shape or ()), action_dtype(act))
 
 

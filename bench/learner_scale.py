@@ -332,6 +332,7 @@ def gil_probe(model: str, s: Settings, repeats: int = 6, per_update: int = 2) ->
     from hetrl.protos import hetrl_pb2
     from hetrl.rollout import fragments
     from hetrl.rollout.fragments import FragmentArrays
+    from hetrl.rollout.observations import ObsLayout
 
     device = resolve_device(s.device)
     cfg, policy, optimizer, frags, (obs_space, act_space) = _update_setup(
@@ -343,7 +344,7 @@ def gil_probe(model: str, s: Settings, repeats: int = 6, per_update: int = 2) ->
                             episode_lengths=np.zeros(1, np.int64))
     wire_bytes = fragments.serialize(arrays, 0, "i", 0, 0)
     expected = fragments.expected_steps(
-        s.fragment_length, s.envs_per_worker, obs_space.shape, np.dtype(obs_space.dtype),
+        s.fragment_length, s.envs_per_worker, ObsLayout.of(obs_space),
         tuple(act_space.shape or ()), frags[0]["actions"].dtype)
     target = {k: np.empty_like(np.concatenate([v] * per_update, axis=1))
               for k, v in frags[0].items()}

@@ -77,10 +77,11 @@ def test_fragment(size: int) -> FragmentArrays:
 
 def spec_for(size: int):
     from hetrl.learner.connections import StreamSpec
+    from hetrl.rollout.observations import ObsLayout
 
     width = test_fragment(size).observations.shape[-1]
-    return StreamSpec("bench-transport", f"Box({width})", "Discrete(2)", (width,),
-                      np.dtype(np.float32), (), np.dtype(np.int64))
+    return StreamSpec("bench-transport", f"Box({width})", "Discrete(2)",
+                      ObsLayout.box((width,), np.float32), (), np.dtype(np.int64))
 
 
 # -- server child ------------------------------------------------------------------------

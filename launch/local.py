@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 
 from hetrl.launch.config import (
@@ -59,6 +58,7 @@ from hetrl.rollout.envs import EnvDescription, describe_env
 from hetrl.rollout.errors import ChildFailedError, ConfigError, OutputError
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from hetrl.rollout.models import BEST_MODEL_FILE, best_info
+from hetrl.rollout.observations import ObsLayout
 from hetrl.rollout.settings import WorkerSettings, pick
 from hetrl.rollout.transport import new_token
 
@@ -303,8 +303,7 @@ def _experience_bytes(settings: LocalSettings, spaces: EnvDescription,
     """About how many bytes of experience a run holds at once: each worker's fragments in
     flight (its credits, once in the worker and once decoded by the learner) and the
     learner's two batch slots."""
-    obs = spaces.observation_space
-    step_bytes = int(np.prod(obs.shape or ())) * np.dtype(obs.dtype).itemsize + 32
+    step_bytes = ObsLayout.of(spaces.observation_space).nbytes + 32
     fragments = (2 * settings.workers * settings.credits_per_worker
                  + 2 * settings.batch_fragments(settings.workers))
     return fragments * fragment_steps * step_bytes

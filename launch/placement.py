@@ -85,7 +85,6 @@ def _time(call, seconds: float, per: int) -> float:
 
 def measure_placement(settings, seconds: float = 1.0, workers: int = 2) -> PlacementCosts:
     """Per-step costs of both placements for `settings` (env, policy, envs per worker)."""
-    import gymnasium as gym
     import torch
 
     from hetrl.learner.central import CentralAssembler, CentralShapes
@@ -93,6 +92,7 @@ def measure_placement(settings, seconds: float = 1.0, workers: int = 2) -> Place
     from hetrl.rollout import wire
     from hetrl.rollout.env_server import env_step_message, group_sizes
     from hetrl.rollout.envs import action_dtype, action_shape, make_vector_env
+    from hetrl.rollout.observations import tree_map
     from hetrl.rollout.policy import Policy
     from hetrl.rollout.stepping import EnvStepper
 
@@ -103,17 +103,18 @@ def measure_placement(settings, seconds: float = 1.0, workers: int = 2) -> Place
     envs = make_vector_env(settings, group, settings.vector_mode)
     try:
         obs_space, act_space = envs.single_observation_space, envs.single_action_space
-        assert isinstance(obs_space, gym.spaces.Box)  # make_vector_env checked it
         stepper = EnvStepper(envs)
         stepper.reset(seed=settings.seed)
         policy = Policy(obs_space, act_space, settings)
         policy.eval()
-        sample = np.stack([obs_space.sample() for _ in range(n * workers)])
-        actions, _ = policy.act(sample[:group])
+        sample = policy.obs_layout.sample(obs_space, n * workers)
+        first_group = tree_map(lambda o: o[:group], sample)
+        first_worker = tree_map(lambda o: o[:n], sample)
+        actions, _ = policy.act(first_group)
         env_actions = policy.env_actions(actions)
         env_us = _time(lambda: stepper.step(env_actions), seconds, group)
-        worker_policy_us = _time(lambda: policy.act(sample[:n]), seconds, n)
-        central_pass_us = _time(lambda: policy.act(sample), seconds, len(sample))
+        worker_policy_us = _time(lambda: policy.act(first_worker), seconds, n)
+        central_pass_us = _time(lambda: policy.act(sample), seconds, n * workers)
         result = stepper.step(env_actions)
         message = env_step_message(0, 1, *result)
         reply = hetrl_pb2.LearnerMessage(actions=hetrl_pb2.Actions(
@@ -127,8 +128,8 @@ def measure_placement(settings, seconds: float = 1.0, workers: int = 2) -> Place
         central_wire_us = _time(env_side, seconds, group)
         hello = hetrl_pb2.Hello(num_envs=n, fragment_length=settings.fragment_length,
                                 env_groups=len(group_sizes(n)))  # group 0 is timed
-        shapes = CentralShapes(tuple(obs_space.shape or ()), np.dtype(obs_space.dtype),
-                               action_shape(act_space), action_dtype(act_space))
+        shapes = CentralShapes(policy.obs_layout, action_shape(act_space),
+                               action_dtype(act_space))
 
         class Immediate:
             def submit(self, observations, answer):

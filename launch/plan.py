@@ -18,8 +18,6 @@ import math
 import time
 from pathlib import Path
 
-import gymnasium as gym
-
 from hetrl.launch.prices import cost_per_million_steps, load_prices
 from hetrl.launch.settings import InstanceTypes
 from hetrl.rollout.errors import ConfigError
@@ -66,9 +64,7 @@ def measure_core_rate(settings: PlanSettings) -> float:
     torch.set_num_threads(1)
     envs = make_vector_env(settings, settings.envs_per_worker, settings.vector_mode)
     try:
-        observation_space = envs.single_observation_space
-        assert isinstance(observation_space, gym.spaces.Box)  # make_vector_env checked it
-        policy = Policy(observation_space, envs.single_action_space, settings)
+        policy = Policy(envs.single_observation_space, envs.single_action_space, settings)
         collector = Collector(envs, policy, settings.fragment_length, settings.seed)
         collector.collect()  # warm-up: first resets, lazy imports, allocator
         steps, start = 0, time.perf_counter()
@@ -123,6 +119,7 @@ def _time_updates(settings: PlanSettings, d, train, seconds: float) -> float:
 
     from hetrl.learner.optimizer import PolicyAdam
     from hetrl.learner.ppo import Batch, ppo_update
+    from hetrl.rollout.observations import tree_map
     from hetrl.rollout.policy import Policy
 
     policy = Policy(d.observation_space, d.action_space, settings)
@@ -131,10 +128,12 @@ def _time_updates(settings: PlanSettings, d, train, seconds: float) -> float:
     # The batch two workers get (auto: more workers, bigger batches).
     n = settings.envs_per_worker * train.batch_fragments(2)
     rng = np.random.default_rng(0)
-    obs = np.stack([d.observation_space.sample() for _ in range((t_len + 1) * n)])
-    actions, _ = policy.act(obs[:t_len * n])  # as the policy samples them (flat, no offset)
+    obs = policy.obs_layout.sample(d.observation_space, (t_len + 1) * n)
+    # as the policy samples them (flat, no offset)
+    actions, _ = policy.act(tree_map(lambda o: o[:t_len * n], obs))
     batch = Batch(
-        observations=torch.from_numpy(obs.reshape(t_len + 1, n, *obs.shape[1:])),
+        observations=tree_map(
+            lambda o: torch.from_numpy(o.reshape(t_len + 1, n, *o.shape[1:])), obs),
         actions=torch.from_numpy(actions.reshape(t_len, n, *actions.shape[1:])),
         logprobs=torch.full((t_len, n), -0.7),
         rewards=torch.from_numpy(rng.normal(size=(t_len, n)).astype(np.float32)),

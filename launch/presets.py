@@ -22,6 +22,7 @@ import numpy as np
 
 from hetrl.rollout.envs import describe_env
 from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.observations import IMAGE, ObsLayout
 
 S = TypeVar("S")
 
@@ -44,8 +45,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "credits_per_worker": 1,
     },
     # PPO's Atari settings (128-step fragments, clip 0.1, entropy bonus, raw rewards as
-    # before the shipped defaults normalised them); not benchmarked here. Pixels want a
-    # CNN: pass one with --policy.
+    # before the shipped defaults normalised them); not benchmarked here. A Dict or
+    # Tuple space's image leaves get a CNN each; a Box of pixels still wants --policy.
     "atari": {
         "fragment_length": 128,
         "learning_rate": 2.5e-4,
@@ -58,7 +59,18 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset_for(observation_space: gym.Space, action_space: gym.Space) -> tuple[str, str]:
-    """(preset name, why) for an env with these spaces."""
+    """(preset name, why) for an env with these spaces (a Dict or Tuple space by its
+    actions, whatever its leaves)."""
+    layout = ObsLayout.of(observation_space)
+    if layout.nested:
+        # Its image leaves get a CNN each; the atari preset's settings (raw rewards, lr
+        # 2.5e-4, 128 steps) learned SpotTheLight (a 3x32x32 image and a vector) to 7.0
+        # in 100k steps where the shipped ones reached 14 at 34k: chosen by the actions.
+        images = [leaf.name for leaf in layout.leaves if leaf.encoding == IMAGE]
+        seen = f"{type(observation_space).__name__} observations" + (
+            f" (image leaves {', '.join(images)}: a CNN each)" if images else "")
+        name, why = preset_for(gym.spaces.Box(-1, 1, (1,)), action_space)
+        return name, f"{seen}, {why}"
     shape = getattr(observation_space, "shape", None) or ()
     if np.dtype(observation_space.dtype) == np.uint8 and len(shape) >= 2:
         return "atari", f"image observations {shape} uint8"

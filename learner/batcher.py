@@ -35,7 +35,8 @@ from hetrl.learner.connections import CreditSink, StreamFailure
 from hetrl.learner.ppo import Batch
 from hetrl.learner.stalls import StallWatch
 from hetrl.rollout.errors import HetrlError, ProtocolError, WorkerLostError
-from hetrl.rollout.fragments import STEP_FIELDS, ReceivedFragment
+from hetrl.rollout.fragments import ReceivedFragment, flat_steps, nested_steps
+from hetrl.rollout.observations import tree_map
 
 log = logging.getLogger("hetrl.learner")
 
@@ -90,13 +91,10 @@ def _fields(batch: Batch) -> dict:
     return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
 
 
-def _layout(fragment: ReceivedFragment) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Per field: its shape without the env axis, and its dtype."""
-    out = {}
-    for name in STEP_FIELDS:
-        array = getattr(fragment.arrays, name)
-        out[name] = ((array.shape[0], *array.shape[2:]), array.dtype)
-    return out
+def _layout(arrays: dict[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Per step array (`flat_steps`): its shape without the env axis, and its dtype."""
+    return {name: ((array.shape[0], *array.shape[2:]), array.dtype)
+            for name, array in arrays.items()}
 
 
 class Batcher:
@@ -191,9 +189,10 @@ class Batcher:
         if item.copied is not None:  # CUDA: the training stream waits for the copy
             current = torch.cuda.current_stream(self.device)
             current.wait_event(item.copied)
-            for tensor in _fields(item.batch).values():
-                if isinstance(tensor, torch.Tensor):
-                    tensor.record_stream(current)
+            for value in _fields(item.batch).values():
+                for tensor in (value.values() if isinstance(value, dict) else [value]):
+                    if isinstance(tensor, torch.Tensor):
+                        tensor.record_stream(current)
         return item
 
     def update_done(self, version: int) -> list[tuple[CreditSink, int]]:
@@ -283,12 +282,13 @@ class Batcher:
                 return None
             if fragment is False:
                 continue
-            layout = _layout(fragment)
+            arrays = flat_steps(fragment.arrays)
+            layout = _layout(arrays)
             n = fragment.arrays.rewards.shape[1]
             if slot is None or not slot.fits(layout, column + n):
                 slot = self._grow(slot, layout, column, max(target * n, column + n))
-            for name in STEP_FIELDS:
-                slot.arrays[name][:, column:column + n] = getattr(fragment.arrays, name)
+            for name, array in arrays.items():
+                slot.arrays[name][:, column:column + n] = array
             column += n
             infos.append(FragmentInfo(fragment.policy_version, fragment.wait_seconds,
                                       fragment.arrays.collect_seconds))
@@ -303,8 +303,8 @@ class Batcher:
             with torch.cuda.stream(self._copy_stream):
                 # Any: Batch's fields differ in type (tensors, an int, Nones); matched by name.
                 on_device: dict[str, Any] = {
-                    name: (value.to(self.device, non_blocking=True)
-                           if isinstance(value, torch.Tensor) else value)
+                    name: (tree_map(lambda t: t.to(self.device, non_blocking=True), value)
+                           if isinstance(value, (torch.Tensor, dict)) else value)
                     for name, value in _fields(batch).items()
                 }
                 ready.batch = Batch(**on_device)
@@ -323,8 +323,8 @@ class Batcher:
                 "one learner needs them all alike")
         bigger = _HostSlot(layout, columns, pin=self._cuda)
         if slot is not None and filled:
-            for name in STEP_FIELDS:
-                bigger.arrays[name][:, :filled] = slot.arrays[name][:, :filled]
+            for name, array in slot.arrays.items():
+                bigger.arrays[name][:, :filled] = array[:, :filled]
         return bigger
 
     @staticmethod
@@ -335,7 +335,7 @@ class Batcher:
         valid = slot.arrays["valid"][:, :columns].reshape(-1)
         count = int(np.count_nonzero(valid))
         index = None if count == valid.size else torch.from_numpy(np.flatnonzero(valid))
-        return Batch(**tensors, valid_index=index, valid_count=count)
+        return Batch(**nested_steps(tensors), valid_index=index, valid_count=count)
 
     def _next_fragment(self, in_batch: set[int] | None
                        ) -> ReceivedFragment | Literal[False] | None:

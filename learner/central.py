@@ -20,7 +20,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,7 +29,8 @@ from hetrl.rollout import wire
 from hetrl.rollout.assembly import FragmentBuilder, join_groups
 from hetrl.rollout.env_server import group_sizes
 from hetrl.rollout.errors import ProtocolError, WireFormatError
-from hetrl.rollout.fragments import FragmentArrays
+from hetrl.rollout.fragments import FragmentArrays, checked, decode_observations
+from hetrl.rollout.observations import Obs, ObsLayout, all_finite
 from hetrl.rollout.rewards import RewardNormalizer
 from hetrl.rollout.stepping import StepResult
 
@@ -40,7 +41,7 @@ Reply = Callable[[np.ndarray, np.ndarray, np.ndarray, int], None]
 class ActionChooser(Protocol):
     """Whatever chooses actions for observations: the inference thread (or a test's)."""
 
-    def submit(self, observations: np.ndarray, reply: Reply) -> None: ...
+    def submit(self, observations: Obs, reply: Reply) -> None: ...
 
 
 @dataclasses.dataclass
@@ -67,8 +68,7 @@ class _Group:
 class CentralShapes:
     """What a central stream's steps must look like (from the learner's env)."""
 
-    obs_shape: tuple[int, ...]
-    obs_dtype: np.dtype
+    obs_layout: ObsLayout
     action_shape: tuple[int, ...]
     action_dtype: np.dtype
 
@@ -121,8 +121,8 @@ class CentralAssembler:
             group.next_step += 1
             if group.builder is None:
                 s = self.shapes
-                group.builder = FragmentBuilder(group.size, self.length, s.obs_shape,
-                                                s.obs_dtype, s.action_shape, s.action_dtype,
+                group.builder = FragmentBuilder(group.size, self.length, s.obs_layout,
+                                                s.action_shape, s.action_dtype,
                                                 result.observations)
             else:
                 assert group.chosen is not None
@@ -145,18 +145,15 @@ class CentralAssembler:
         return completed
 
     def _decode(self, message: hetrl_pb2.EnvStep, n: int) -> StepResult:
-        s = self.shapes
-        expected = {"observations": ((n, *s.obs_shape), s.obs_dtype),
-                    "rewards": ((n,), np.dtype(np.float32)),
+        expected = {"rewards": ((n,), np.dtype(np.float32)),
                     "terminated": ((n,), np.dtype(bool)), "truncated": ((n,), np.dtype(bool)),
                     "faulted": ((n,), np.dtype(bool))}
-        arrays = {}
-        for name, (shape, dtype) in expected.items():
-            array = wire.decode(getattr(message, name))
-            if array.shape != shape or array.dtype.newbyteorder("=") != dtype.newbyteorder("="):
-                raise WireFormatError(f"env step {name}: got {array.shape} {array.dtype}, "
-                                      f"expected {shape} {dtype}")
-            array = wire.to_native(array)
+        arrays: dict[str, Any] = {"observations": decode_observations(
+            message, self.shapes.obs_layout.expected(n), "env step observations")}
+        if not all_finite(arrays["observations"]):
+            raise WireFormatError("env step observations hold NaN or Inf")
+        for name, shape_dtype in expected.items():
+            array = checked(wire.decode(getattr(message, name)), shape_dtype, f"env step {name}")
             if array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise WireFormatError(f"env step {name} holds NaN or Inf")
             arrays[name] = array

@@ -33,6 +33,7 @@ from hetrl.learner.central import ActionChooser, CentralAssembler, CentralShapes
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout import fragments
 from hetrl.rollout.errors import ProtocolError, WireFormatError
+from hetrl.rollout.observations import ObsLayout
 from hetrl.rollout.serving import STARTING
 from hetrl.rollout.transport import DEFAULT_OPTIONS, TransportOptions, auth_metadata, create_channel
 
@@ -87,8 +88,7 @@ class StreamSpec:
     env: str
     observation_space: str
     action_space: str
-    obs_shape: tuple[int, ...]
-    obs_dtype: np.dtype
+    obs_layout: ObsLayout
     action_shape: tuple[int, ...]
     action_dtype: np.dtype
 
@@ -343,7 +343,7 @@ class WorkerStream:
         self.hello = first.hello
         spec = self.spec
         expected = fragments.expected_steps(
-            first.hello.fragment_length, first.hello.num_envs, spec.obs_shape, spec.obs_dtype,
+            first.hello.fragment_length, first.hello.num_envs, spec.obs_layout,
             spec.action_shape, spec.action_dtype)
         if first.hello.incarnation not in self.incarnations:
             self.incarnations.append(first.hello.incarnation)
@@ -376,8 +376,7 @@ class WorkerStream:
         the worker resets its envs on the next stream, so nothing spans two streams."""
         assert self.hello is not None and self.inference is not None
         spec = self.spec
-        shapes = CentralShapes(spec.obs_shape, spec.obs_dtype, spec.action_shape,
-                               spec.action_dtype)
+        shapes = CentralShapes(spec.obs_layout, spec.action_shape, spec.action_dtype)
         outbox = self._outbox
         assembler = CentralAssembler(self.hello, shapes, self._credits, self.inference,
                                      send=outbox.put_actions)

@@ -21,11 +21,11 @@ import threading
 import time
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from hetrl.learner.central import Reply
 from hetrl.rollout.errors import HetrlError
+from hetrl.rollout.observations import Obs, batch_size, concatenate, tree_map
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.settings import PolicySettings
 
@@ -33,14 +33,14 @@ log = logging.getLogger("hetrl.learner")
 
 @dataclasses.dataclass
 class _Request:
-    observations: np.ndarray
+    observations: Obs
     reply: Reply
 
 
 class InferenceServer:
     """The inference thread and the policy copy it samples from."""
 
-    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.Space,
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  settings: PolicySettings, device: torch.device,
                  state: dict[str, torch.Tensor], version: int) -> None:
         self.device = device
@@ -77,9 +77,9 @@ class InferenceServer:
             self.policy.load_state_dict(state)
             self.version = version
 
-    def submit(self, observations: np.ndarray, reply: Reply) -> None:
-        """Choose actions for `observations` [n, *obs]; `reply` is called from the
-        inference thread (never under a lock of the caller's)."""
+    def submit(self, observations: Obs, reply: Reply) -> None:
+        """Choose actions for `observations` [n, *obs] (per leaf, nested); `reply` is
+        called from the inference thread (never under a lock of the caller's)."""
         with self._cond:
             if self._closed:
                 return
@@ -109,20 +109,20 @@ class InferenceServer:
     def _answer(self, batch: list[_Request]) -> None:
         start = time.perf_counter()
         # One copy: the batch, writable (observations decoded off the wire are not).
-        obs = np.concatenate([r.observations for r in batch])
+        obs = concatenate([r.observations for r in batch])
         with self._weights_lock:
-            dist, _ = self.policy(torch.from_numpy(obs).to(self.device))
+            dist, _ = self.policy(tree_map(lambda a: torch.from_numpy(a).to(self.device), obs))
             sampled = dist.sample()
             logprobs = dist.log_prob(sampled).cpu().numpy()
             version = self.version
         actions = sampled.cpu().numpy()
         env_actions = self.policy.env_actions(actions)
         self.passes += 1
-        self.rows += len(obs)
+        self.rows += batch_size(obs)
         self.busy_seconds += time.perf_counter() - start
         row = 0
         for request in batch:
-            n = len(request.observations)
+            n = batch_size(request.observations)
             request.reply(actions[row:row + n], logprobs[row:row + n],
                           env_actions[row:row + n], version)
             row += n

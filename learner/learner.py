@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.numpy import save as safetensors_bytes
 
@@ -54,6 +53,7 @@ from hetrl.rollout.errors import ConfigError, HetrlError, NonFiniteError, Output
 from hetrl.rollout.evaluate import model_metadata
 from hetrl.rollout.exits import EXIT_FAILED, EXIT_OK
 from hetrl.rollout.lifetime import exit_now, start_child
+from hetrl.rollout.observations import ObsLayout
 from hetrl.rollout.policy import Policy, policy_arrays
 from hetrl.rollout.settings import from_json, to_json
 from hetrl.rollout.transport import token_from_env, transport_options
@@ -102,8 +102,7 @@ class Learner:
             env=settings.env,
             observation_space=str(obs_space),
             action_space=str(act_space),
-            obs_shape=tuple(obs_space.shape),
-            obs_dtype=np.dtype(obs_space.dtype),
+            obs_layout=ObsLayout.of(obs_space),
             action_shape=action_shape(act_space),
             action_dtype=action_dtype(act_space),
         )

@@ -19,6 +19,7 @@ from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.settings import TrainSettings
 from hetrl.learner.vtrace import vtrace
 from hetrl.rollout.fragments import Steps
+from hetrl.rollout.observations import Obs, tree_map
 from hetrl.rollout.policy import Policy
 
 
@@ -76,7 +77,6 @@ def ppo_update_async(
     (read them with `read_stats`), so that a GPU update runs without a host sync when
     the batch carries `valid_index` / `valid_count`."""
     t_len, n = batch.rewards.shape
-    obs_shape = batch.observations.shape[2:]
     # Index with the positions of valid steps (a boolean mask copies far slower, and
     # asks the device for its size); when every step is valid, take views.
     if batch.valid_count is None:
@@ -87,16 +87,17 @@ def ppo_update_async(
     else:
         size = batch.valid_count
         keep = slice(None) if batch.valid_index is None else batch.valid_index
-    if policy.obs_rms is not None:
-        policy.obs_rms.update(batch.observations[:-1].reshape(t_len * n, *obs_shape)[keep])
+    # [T + 1, B, ...] -> [(T + 1) * B, ...], leaf by leaf for a nested space.
+    flat_obs = tree_map(lambda o: o.reshape(-1, *o.shape[2:]), batch.observations)
+    if policy.obs_rms is not None or len(policy.leaf_rms):
+        policy.update_normalizer(tree_map(lambda o: o[: t_len * n][keep], flat_obs))
 
     # V-trace targets under the current policy, computed once per batch.
     with torch.no_grad():
-        flat_obs = batch.observations.reshape((t_len + 1) * n, *obs_shape)
         flat_actions = batch.actions.reshape(t_len * n, *batch.actions.shape[2:])
         # Normalised once: the statistics stay fixed during the update. Pixels stay
         # uint8 until a minibatch needs them (a quarter of the memory).
-        once = not policy.scale_uint8
+        once = policy.preprocess_once
         net_obs = policy.preprocess(flat_obs) if once else flat_obs
         heads, values = policy.heads(net_obs, preprocessed=once)
         values = values.reshape(t_len + 1, n)
@@ -118,7 +119,7 @@ def ppo_update_async(
             advantages = gae_advantages(vs, values, batch.valid)
 
     # Flatten the valid steps into one training set.
-    b_obs = net_obs[: t_len * n][keep]
+    b_obs = tree_map(lambda o: o[: t_len * n][keep], net_obs)
     b_actions = flat_actions[keep]
     b_logprobs = batch.logprobs.reshape(-1)[keep]
     b_advantages = advantages.reshape(-1)[keep]
@@ -141,25 +142,27 @@ def ppo_update_async(
 
 def _autograd_minibatches(
     policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings,
-    b_obs: torch.Tensor, b_actions: torch.Tensor, b_logprobs: torch.Tensor,
+    b_obs: Obs, b_actions: torch.Tensor, b_logprobs: torch.Tensor,
     b_advantages: torch.Tensor, b_returns: torch.Tensor, mb_size: int, preprocessed: bool,
 ) -> dict[str, torch.Tensor | float]:
     """cfg.epochs passes of minibatch steps through autograd; the statistics as
     `ppo_update_async` reports them."""
-    size = b_obs.shape[0]
+    size = b_actions.shape[0]
+    device = b_actions.device
     # Statistics stay on the device: the last minibatch's losses and the clip fraction
     # summed over all minibatches. Per minibatch, only what the step needs is computed.
-    clipfrac_sum = torch.zeros((), device=b_obs.device)
+    clipfrac_sum = torch.zeros((), device=device)
     # What the optimizer steps (PolicyAdam: one flat tensor), not walked per minibatch.
     params = [p for group in optimizer.param_groups for p in group["params"]]
     actor = policy.actor_parameters()
     actor_square = grad_norm = None
     minibatch_count = 0
     for _ in range(cfg.epochs):
-        b_inds = torch.randperm(size, device=b_obs.device)
+        b_inds = torch.randperm(size, device=device)
         for start in range(0, size, mb_size):
             mb_inds = b_inds[start : start + mb_size]
-            dist, new_value = policy(b_obs[mb_inds], preprocessed=preprocessed)
+            dist, new_value = policy(tree_map(lambda o: o[mb_inds], b_obs),  # noqa: B023
+                                     preprocessed=preprocessed)
             new_logp = dist.log_prob(b_actions[mb_inds])
             logratio = new_logp - b_logprobs[mb_inds]
             ratio = logratio.exp()

@@ -53,7 +53,7 @@ class Hello(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., num_envs: _Optional[int] = ..., fragment_length: _Optional[int] = ..., env: _Optional[str] = ..., observation_space: _Optional[str] = ..., action_space: _Optional[str] = ..., inference: _Optional[str] = ..., env_groups: _Optional[int] = ..., normalize_rewards: _Optional[bool] = ..., reward_norm_gamma: _Optional[float] = ..., reward_clip: _Optional[float] = ...) -> None: ...
 
 class Fragment(_message.Message):
-    __slots__ = ("worker_id", "incarnation", "sequence", "policy_version", "observations", "actions", "rewards", "terminated", "truncated", "logprobs", "valid", "episode_returns", "episode_lengths", "collect_seconds", "wait_seconds", "env_faults", "episodes_aborted")
+    __slots__ = ("worker_id", "incarnation", "sequence", "policy_version", "observations", "actions", "rewards", "terminated", "truncated", "logprobs", "valid", "episode_returns", "episode_lengths", "collect_seconds", "wait_seconds", "env_faults", "episodes_aborted", "observation_leaves")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class Fragment(_message.Message):
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ENV_FAULTS_FIELD_NUMBER: _ClassVar[int]
     EPISODES_ABORTED_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_LEAVES_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     incarnation: str
     sequence: int
@@ -88,10 +89,11 @@ class Fragment(_message.Message):
     wait_seconds: float
     env_faults: int
     episodes_aborted: int
-    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., logprobs: _Optional[_Union[NDArray, _Mapping]] = ..., valid: _Optional[_Union[NDArray, _Mapping]] = ..., episode_returns: _Optional[_Union[NDArray, _Mapping]] = ..., episode_lengths: _Optional[_Union[NDArray, _Mapping]] = ..., collect_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., env_faults: _Optional[int] = ..., episodes_aborted: _Optional[int] = ...) -> None: ...
+    observation_leaves: _containers.RepeatedCompositeFieldContainer[NamedArray]
+    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., logprobs: _Optional[_Union[NDArray, _Mapping]] = ..., valid: _Optional[_Union[NDArray, _Mapping]] = ..., episode_returns: _Optional[_Union[NDArray, _Mapping]] = ..., episode_lengths: _Optional[_Union[NDArray, _Mapping]] = ..., collect_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., env_faults: _Optional[int] = ..., episodes_aborted: _Optional[int] = ..., observation_leaves: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ...) -> None: ...
 
 class EnvStep(_message.Message):
-    __slots__ = ("group", "step", "observations", "rewards", "terminated", "truncated", "faulted", "step_seconds")
+    __slots__ = ("group", "step", "observations", "rewards", "terminated", "truncated", "faulted", "step_seconds", "observation_leaves")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +102,7 @@ class EnvStep(_message.Message):
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     FAULTED_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_LEAVES_FIELD_NUMBER: _ClassVar[int]
     group: int
     step: int
     observations: NDArray
@@ -108,7 +111,8 @@ class EnvStep(_message.Message):
     truncated: NDArray
     faulted: NDArray
     step_seconds: float
-    def __init__(self, group: _Optional[int] = ..., step: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., faulted: _Optional[_Union[NDArray, _Mapping]] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+    observation_leaves: _containers.RepeatedCompositeFieldContainer[NamedArray]
+    def __init__(self, group: _Optional[int] = ..., step: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., faulted: _Optional[_Union[NDArray, _Mapping]] = ..., step_seconds: _Optional[float] = ..., observation_leaves: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
     __slots__ = ("hello", "fragment", "env_step")

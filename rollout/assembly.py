@@ -24,17 +24,18 @@ import time
 import numpy as np
 
 from hetrl.rollout.fragments import STEP_FIELDS, FragmentArrays
+from hetrl.rollout.observations import Obs, ObsLayout, leaves, tree_map
 from hetrl.rollout.stepping import StepResult
 
 
 class FragmentBuilder:
     """Episode state of `num_envs` envs across fragments, and the fragment being filled."""
 
-    def __init__(self, num_envs: int, length: int, obs_shape: tuple[int, ...],
-                 obs_dtype: np.dtype, action_shape: tuple[int, ...], action_dtype: np.dtype,
-                 first_obs: np.ndarray) -> None:
+    def __init__(self, num_envs: int, length: int, obs_layout: ObsLayout,
+                 action_shape: tuple[int, ...], action_dtype: np.dtype, first_obs: Obs
+                 ) -> None:
         self.num_envs, self.length = num_envs, length
-        self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype)
+        self.obs_layout = obs_layout
         self.action_shape, self.action_dtype = action_shape, action_dtype
         self.obs = first_obs
         """What the next actions are chosen from: the envs' newest observations."""
@@ -49,7 +50,7 @@ class FragmentBuilder:
         t_len, n = self.length, self.num_envs
         self.t = 0
         self.started = time.perf_counter()
-        self._obs = np.empty((t_len + 1, n, *self.obs_shape), dtype=self.obs_dtype)
+        self._obs = self.obs_layout.empty(t_len + 1, n)
         self._actions = np.empty((t_len, n, *self.action_shape), dtype=self.action_dtype)
         self._rewards = np.empty((t_len, n), dtype=np.float32)
         self._terminated = np.empty((t_len, n), dtype=bool)
@@ -68,7 +69,7 @@ class FragmentBuilder:
         fragment once it holds `length` steps (and starts the next one), else None."""
         t = self.t
         valid = ~self.autoreset
-        self._obs[t] = self.obs
+        _put(self._obs, t, self.obs)
         self._valid[t] = valid
         self._episode_row[self.autoreset] = t + 1
         self._actions[t], self._logprobs[t] = actions, logprobs
@@ -107,7 +108,7 @@ class FragmentBuilder:
         return self._finish()
 
     def _finish(self) -> FragmentArrays:
-        self._obs[self.length] = self.obs
+        _put(self._obs, self.length, self.obs)
         self.total_faults += self._faults
         self.total_aborted += self._aborted
         fragment = FragmentArrays(
@@ -128,12 +129,19 @@ class FragmentBuilder:
         return fragment
 
 
+def _put(rows: Obs, t: int, obs: Obs) -> None:
+    """rows[t] = obs, leaf by leaf."""
+    for row, value in zip(leaves(rows), leaves(obs), strict=True):
+        row[t] = value
+
+
 def join_groups(parts: list[FragmentArrays]) -> FragmentArrays:
     """One fragment of all envs from the same-length fragments of their groups (env axis
     in group order); episodes listed group by group, counters summed."""
     if len(parts) == 1:
         return parts[0]
-    steps = {name: np.concatenate([getattr(p, name) for p in parts], axis=1)
+    steps = {name: tree_map(lambda *arrays: np.concatenate(arrays, axis=1),
+                            *(getattr(p, name) for p in parts))
              for name in STEP_FIELDS}
     return FragmentArrays(
         **steps,

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 
 import gymnasium as gym
-import numpy as np
 
 from hetrl.rollout.assembly import FragmentBuilder
 from hetrl.rollout.envs import action_dtype, action_shape
@@ -35,10 +34,10 @@ class Collector:
         self.policy, self.length = policy, length
         self.stepper = EnvStepper(envs, remake, failure_rate, failure_window, nonfinite)
         self.num_envs = envs.num_envs
-        obs_space, action_space = envs.single_observation_space, envs.single_action_space
+        action_space = envs.single_action_space
         self.builder = FragmentBuilder(
-            envs.num_envs, length, obs_space.shape or (), np.dtype(obs_space.dtype),
-            action_shape(action_space), action_dtype(action_space), self.stepper.reset(seed))
+            envs.num_envs, length, self.stepper.layout, action_shape(action_space),
+            action_dtype(action_space), self.stepper.reset(seed))
 
     @property
     def envs(self) -> gym.vector.VectorEnv:

@@ -37,6 +37,7 @@ from hetrl.rollout import wire
 from hetrl.rollout.envs import action_dtype, make_vector_env
 from hetrl.rollout.errors import WireFormatError
 from hetrl.rollout.lifetime import exit_now
+from hetrl.rollout.observations import Obs
 from hetrl.rollout.serving import (
     StreamServer,
     exit_code_of,
@@ -58,12 +59,15 @@ def group_sizes(num_envs: int) -> list[int]:
     return [num_envs - num_envs // 2, num_envs // 2]
 
 
-def env_step_message(group: int, step: int, observations: np.ndarray, rewards: np.ndarray,
+def env_step_message(group: int, step: int, observations: Obs, rewards: np.ndarray,
                      terminated: np.ndarray, truncated: np.ndarray, faulted: np.ndarray,
                      step_seconds: float = 0.0) -> bytes:
-    """The serialized WorkerMessage of one group's step."""
+    """The serialized WorkerMessage of one group's step (a nested space's observations
+    as named leaves)."""
+    obs = ({"observation_leaves": wire.encode_named(observations)}
+           if isinstance(observations, dict) else {"observations": wire.encode(observations)})
     return hetrl_pb2.WorkerMessage(env_step=hetrl_pb2.EnvStep(
-        group=group, step=step, observations=wire.encode(observations),
+        group=group, step=step, **obs,
         rewards=wire.encode(np.asarray(rewards, dtype=np.float32)),
         terminated=wire.encode(np.asarray(terminated, dtype=bool)),
         truncated=wire.encode(np.asarray(truncated, dtype=bool)),

@@ -25,10 +25,12 @@ from types import ModuleType
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.envs.registration import EnvSpec, find_highest_version, parse_env_id
+from gymnasium.envs.registration import EnvSpec, WrapperSpec, find_highest_version, parse_env_id
+from gymnasium.utils import RecordConstructorArgs
 from gymnasium.vector import AutoresetMode
 
 from hetrl.rollout.errors import EnvError, EnvShapeError, EnvUnhealthyError, NonFiniteError
+from hetrl.rollout.observations import ObsLayout, all_finite
 from hetrl.rollout.settings import EnvSettings
 
 log = logging.getLogger("hetrl.envs")
@@ -42,9 +44,9 @@ FAULT_ERROR, FAULT_NONFINITE = 1, 2
 class EnvDescription:
     """What the learner needs to know about an env without stepping it."""
 
-    observation_space: gym.spaces.Box
+    observation_space: gym.Space
+    """A Box, or a Dict or Tuple of supported leaves (`ObsLayout`)."""
     action_space: gym.spaces.Space
-
 
 
 _CHOICE_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
@@ -100,24 +102,65 @@ def _import_modules(names: tuple[str, ...]) -> None:
 
 
 def env_spec(settings: EnvSettings) -> str | EnvSpec:
-    """The id or EnvSpec to hand to gymnasium for `--env`.
+    """The id or EnvSpec to hand to gymnasium for `--env` (an EnvSpec that drops
+    observation keys when `--drop-observations` asks).
 
     Raises:
         EnvError: an `--env-import` or `--env` module cannot be imported, or `--env
             module:Name` names neither a callable of the module nor an env id it registers.
     """
     _import_modules(settings.env_import)
+    spec: str | EnvSpec = settings.env
     if ":" in settings.env:
         module_name, _, attr = settings.env.partition(":")
         module = import_user_module(module_name, f"--env {settings.env!r}")
         target = getattr(module, attr, None)
         if callable(target):  # pkg.mod:Class (or a factory function)
-            return EnvSpec(id=settings.env, entry_point=settings.env)
+            spec = EnvSpec(id=settings.env, entry_point=settings.env)
         # Otherwise gymnasium's own "module:EnvId" form: importing the module registered
         # EnvId (gymnasium reports a bad id that is no Python name, e.g. ns/Name-v0).
-        if attr.isidentifier() and not _registered(attr):
+        elif attr.isidentifier() and not _registered(attr):
             raise _no_such_env(settings.env, module, attr, target)
-    return settings.env
+    keys = getattr(settings, "drop_observations", ())
+    if not keys:
+        return spec
+    if isinstance(spec, str):
+        spec = _registry_spec(spec)
+    drop = WrapperSpec(DropObservations.__name__,
+                       f"{DropObservations.__module__}:{DropObservations.__name__}",
+                       {"keys": list(keys)})
+    return dataclasses.replace(spec, additional_wrappers=(*spec.additional_wrappers, drop))
+
+
+def _registry_spec(env: str) -> EnvSpec:
+    try:
+        return gym.spec(env.rpartition(":")[2])
+    except gym.error.Error as exc:
+        raise EnvError(f"cannot make env {env!r}: {exc}") from exc
+
+
+class DropObservations(gym.ObservationWrapper, RecordConstructorArgs):
+    """A Dict observation without some of its keys (--drop-observations); it records
+    its arguments, so an env recreated from its spec drops them too."""
+
+    def __init__(self, env: gym.Env, keys: list[str]) -> None:
+        RecordConstructorArgs.__init__(self, keys=keys)
+        gym.ObservationWrapper.__init__(self, env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Dict):
+            raise EnvError(f"--drop-observations {' '.join(keys)}: the observation space "
+                           f"{space} is not a Dict; only a Dict's keys can be dropped")
+        unknown = [key for key in keys if key not in space.spaces]
+        if unknown:
+            raise EnvError(f"--drop-observations: the observation has no key "
+                           f"{', '.join(map(repr, unknown))}; its keys are "
+                           f"{', '.join(map(repr, space.spaces))}")
+        self.keys = frozenset(keys)
+        self.observation_space = gym.spaces.Dict(
+            {key: sub for key, sub in space.spaces.items() if key not in self.keys})
+
+    def observation(self, observation):
+        return {key: value for key, value in observation.items() if key not in self.keys}
 
 
 def _registered(env_id: str) -> bool:
@@ -164,13 +207,7 @@ def _no_such_env(env: str, module: ModuleType, attr: str, target: object) -> Env
 
 def check_spaces(observation_space: gym.Space, action_space: gym.Space, env: str) -> None:
     """Raise EnvError unless hetrl can train on these spaces."""
-    if not isinstance(observation_space, gym.spaces.Box):
-        raise EnvError(
-            f"{env}: observation space {observation_space} is not a Box; wrap the env "
-            "(e.g. gymnasium.wrappers.FlattenObservation) to give it a Box"
-        )
-    if observation_space.dtype is None or np.dtype(observation_space.dtype).kind not in "biuf":
-        raise EnvError(f"{env}: observation dtype {observation_space.dtype} is not numeric")
+    ObsLayout.of(observation_space, env)  # raises, naming the leaf it cannot take
     if isinstance(action_space, (*_CHOICE_SPACES, gym.spaces.Box)):
         if int(np.prod(action_space.shape or ())) == 0 and not isinstance(
                 action_space, gym.spaces.Discrete):
@@ -212,7 +249,6 @@ def describe_env(settings: EnvSettings) -> EnvDescription:
     try:
         observation_space = env.observation_space
         check_spaces(observation_space, env.action_space, settings.env)
-        assert isinstance(observation_space, gym.spaces.Box)  # check_spaces raised otherwise
         return EnvDescription(observation_space, env.action_space)
     finally:
         env.close()
@@ -282,17 +318,23 @@ class EnvGuard(gym.Wrapper):
         self._spec = env.spec
         self.budget = FailureBudget(failure_rate, failure_window)
         self.nonfinite = nonfinite
-        self._obs_shape = tuple(env.observation_space.shape or ())
+        self._layout = ObsLayout.of(env.observation_space)
 
     def _check_shape(self, obs) -> None:
-        shape = np.shape(obs)
-        if shape != self._obs_shape:
+        try:
+            wrong = self._layout.mismatch(self._layout.flatten(obs))
+        except (AttributeError, TypeError):  # e.g. a number where a Dict was declared
+            wrong = f"that is a {type(obs).__name__}"
+        if wrong is not None:
             name = self._spec.id if self._spec else type(self.env).__name__
             raise EnvShapeError(
-                f"env {name} returned an observation of shape {shape}; its observation_space "
-                f"{self.observation_space} has shape {self._obs_shape}. Fix the env (or "
-                "its observation_space) so they agree."
+                f"env {name} returned an observation {wrong} (its observation_space is "
+                f"{self.observation_space}). Fix the env (or its observation_space) so they "
+                "agree."
             )
+
+    def _finite(self, obs) -> bool:
+        return all_finite(self._layout.flatten(obs))
 
     def step(self, action):
         try:
@@ -300,7 +342,7 @@ class EnvGuard(gym.Wrapper):
         except Exception:
             return self._recover(FAULT_ERROR, traceback.format_exc(), "step")
         self._check_shape(obs)
-        if not (_finite(obs) and _finite(reward)):
+        if not (self._finite(obs) and _finite(reward)):
             return self._recover(FAULT_NONFINITE, f"non-finite output: reward {reward}, "
                                  f"observation {np.asarray(obs).tolist()}")
         self.budget.call()
@@ -313,7 +355,7 @@ class EnvGuard(gym.Wrapper):
             obs, _, _, _, info = self._recover(FAULT_ERROR, traceback.format_exc(), "reset")
             return obs, info
         self._check_shape(obs)
-        if not _finite(obs):
+        if not self._finite(obs):
             obs, _, _, _, info = self._recover(
                 FAULT_NONFINITE, f"non-finite first observation {np.asarray(obs).tolist()}",
                 "reset")
@@ -347,7 +389,7 @@ class EnvGuard(gym.Wrapper):
                 kind, detail = FAULT_ERROR, traceback.format_exc()
                 continue
             self._check_shape(obs)
-            if not _finite(obs):
+            if not self._finite(obs):
                 kind, detail = FAULT_NONFINITE, "non-finite first observation after recreate"
                 continue
             info = dict(info)

@@ -38,6 +38,7 @@ from hetrl.rollout.models import (
     best_info,
     model_file,
 )
+from hetrl.rollout.observations import leaves, tree_map
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.settings import (
     RESULTS_FILE,
@@ -67,7 +68,7 @@ class TrainedPolicy:
     policy: Policy
     env: EnvSettings
     settings: PolicySettings
-    observation_space: gym.spaces.Box
+    observation_space: gym.Space
     action_space: gym.Space
     metadata: dict[str, str]
 
@@ -77,7 +78,9 @@ class TrainedPolicy:
 
         Args:
             obs: one observation, shaped like the observation space, or a batch
-                shaped (B, *observation_space.shape).
+                shaped (B, *observation_space.shape); for a Dict or Tuple space, the
+                env's own dict or tuple (of one observation, or of batches with B
+                first), or {path: array} of its leaves.
             deterministic: the most likely action (argmax, or the Gaussian's mean)
                 instead of a sample.
 
@@ -87,16 +90,40 @@ class TrainedPolicy:
         Raises:
             ValueError: obs has neither shape.
         """
-        obs = np.asarray(obs, dtype=self.observation_space.dtype)
-        shape = tuple(self.observation_space.shape)
-        single = obs.shape == shape
-        if not single and obs.shape[1:] != shape:
-            raise ValueError(f"act takes one observation of shape {shape} or a batch of "
-                             f"shape (B, {', '.join(map(str, shape))}); got {obs.shape}")
-        dist, _ = self.policy(torch.from_numpy(obs[None] if single else obs))
+        tree: Any
+        if self.policy.obs_layout.nested:
+            tree, single = self._leaves(obs)
+        else:
+            array = np.asarray(obs, dtype=self.observation_space.dtype)
+            shape = tuple(self.observation_space.shape or ())
+            single = array.shape == shape
+            if not single and array.shape[1:] != shape:
+                raise ValueError(f"act takes one observation of shape {shape} or a batch of "
+                                 f"shape (B, {', '.join(map(str, shape))}); got {array.shape}")
+            tree = array[None] if single else array
+        dist, _ = self.policy(tree_map(torch.from_numpy, tree))
         raw = dist.mode() if deterministic else dist.sample()
         actions = in_space_dtype(self.policy.env_actions(raw.numpy()), self.action_space)
         return actions[0] if single else actions
+
+    def _leaves(self, obs: Any) -> tuple[dict[str, np.ndarray], bool]:
+        """A nested observation (or batch) as a batch of leaves in their dtypes, and
+        whether it was one observation."""
+        layout = self.policy.obs_layout
+        if isinstance(obs, dict) and self.env.drop_observations:  # the env's own, unwrapped
+            obs = {k: v for k, v in obs.items() if k not in self.env.drop_observations}
+        tree = tree_map(np.asarray, layout.flatten(obs))
+        single = layout.mismatch(tree) is None
+        if not single:
+            first = leaves(tree)[0]
+            wrong = layout.mismatch(tree, first.shape[0] if first.ndim else -1)
+            if wrong is not None:
+                raise ValueError(f"act takes one observation of {self.observation_space} or "
+                                 f"a batch of them (B first); got one {layout.mismatch(tree)}"
+                                 f" (or as a batch, {wrong})")
+        return ({leaf.name: (tree[leaf.name][None] if single else tree[leaf.name]
+                             ).astype(leaf.dtype, copy=False) for leaf in layout.leaves},
+                single)
 
 
 def _settings_of(model: Path, metadata: dict[str, str]) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The fragment, defined once, and its trip over the wire with the checks a receiver makes.
 
 `Steps` names the per-step arrays of a fragment, each with its layout ([T+1, N, *obs]
-for observations, [T, N, ...] for the rest, and its dtype); `FragmentArrays` is a whole
+for observations, [T, N, ...] for the rest, and its dtype); a nested observation space's
+observations are its leaves ({path: [T+1, N, *leaf]}, see observations.py): data in the
+one `observations` field, not new fields; `FragmentArrays` is a whole
 fragment as the collector makes it (the steps, the episodes that ended in it, and its
 counters), and the learner's `Batch` is the same `Steps` in torch. Everything else is
 derived from these two classes: the arrays on the wire (`ARRAY_FIELDS`), its scalars
@@ -28,6 +30,7 @@ import numpy as np
 from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
 from hetrl.rollout.errors import WireFormatError
+from hetrl.rollout.observations import SEPARATOR, Obs, ObsLayout
 
 ArrayT = TypeVar("ArrayT")
 
@@ -57,8 +60,9 @@ class Steps(Generic[ArrayT]):
     batch all follow it."""
 
     observations: ArrayT = _step(like="observation", extra_row=True)
-    """[T+1, N, *obs]: row t is what the policy saw at step t; row T, the observation
-    after the last step, is what a cut-off episode bootstraps from."""
+    """[T+1, N, *obs] (per leaf, {path: [T+1, N, *leaf]}, for a nested space): row t is
+    what the policy saw at step t; row T, the observation after the last step, is what
+    a cut-off episode bootstraps from."""
     actions: ArrayT = _step(like="action")
     rewards: ArrayT = _step(np.float32)
     terminated: ArrayT = _step(np.bool_)
@@ -98,22 +102,52 @@ SCALAR_FIELDS = tuple(f.name for f in dataclasses.fields(FragmentArrays)
 _LAYOUTS = {f.name: f.metadata["step"] for f in dataclasses.fields(Steps)}
 
 
+Expected = tuple[tuple[int, ...], np.dtype]
+
+
 def expected_steps(
     length: int,
     num_envs: int,
-    obs_shape: tuple[int, ...],
-    obs_dtype: np.dtype,
+    obs_layout: ObsLayout,
     action_shape: tuple[int, ...],
     action_dtype: np.dtype,
-) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Shape and dtype of every step array of a fragment of `length` steps of `num_envs`."""
-    announced = {"observation": (tuple(obs_shape), np.dtype(obs_dtype)),
-                 "action": (tuple(action_shape), np.dtype(action_dtype)), None: ((), None)}
-    out = {}
+) -> dict[str, Any]:
+    """Shape and dtype of every step array of a fragment of `length` steps of `num_envs`
+    (for observations, per leaf of a nested space: `obs_layout.expected`)."""
+    out: dict[str, Any] = {}
     for name, layout in _LAYOUTS.items():
-        trailing, dtype = announced[layout.like]
         rows = length + 1 if layout.extra_row else length
-        out[name] = ((rows, num_envs, *trailing), np.dtype(layout.dtype or dtype))
+        if layout.like == "observation":
+            out[name] = obs_layout.expected(rows, num_envs)
+        elif layout.like == "action":
+            out[name] = ((rows, num_envs, *action_shape), np.dtype(action_dtype))
+        else:
+            out[name] = ((rows, num_envs), np.dtype(layout.dtype))
+    return out
+
+
+def flat_steps(steps: Steps) -> dict[str, Any]:
+    """Every per-step array of `steps` under one name, a nested space's observation
+    leaves as "observations/<path>" (what the learner's batch slots are keyed by)."""
+    out = {}
+    for name in STEP_FIELDS:
+        value = getattr(steps, name)
+        if isinstance(value, dict):
+            out.update({f"{name}{SEPARATOR}{leaf}": array for leaf, array in value.items()})
+        else:
+            out[name] = value
+    return out
+
+
+def nested_steps(flat: dict[str, Any]) -> dict[str, Any]:
+    """`flat_steps` undone: {field: array, or {path: array} of observation leaves}."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        field, _, leaf = key.partition(SEPARATOR)
+        if leaf:
+            out.setdefault(field, {})[leaf] = value
+        else:
+            out[key] = value
     return out
 
 
@@ -151,6 +185,8 @@ def _field_header(number: int, size: int) -> bytes:
 
 _FRAGMENT_FIELD = hetrl_pb2.WorkerMessage.DESCRIPTOR.fields_by_name["fragment"].number
 _DATA_FIELD = hetrl_pb2.NDArray.DESCRIPTOR.fields_by_name["data"].number
+_LEAVES_FIELD = hetrl_pb2.Fragment.DESCRIPTOR.fields_by_name["observation_leaves"].number
+_LEAF_ARRAY_FIELD = hetrl_pb2.NamedArray.DESCRIPTOR.fields_by_name["array"].number
 _ARRAY_NUMBERS = {name: hetrl_pb2.Fragment.DESCRIPTOR.fields_by_name[name].number
                   for name in ARRAY_FIELDS}
 
@@ -185,46 +221,98 @@ def serialize(
         arrays, worker_id, incarnation, sequence, policy_version, wait_seconds
     )).SerializeToString()
     parts: list[bytes | memoryview] = [head]
-    size = len(head)
     for name, number in _ARRAY_NUMBERS.items():
-        array = np.ascontiguousarray(getattr(arrays, name))
-        if array.dtype.kind not in "biufc":
-            raise WireFormatError(f"cannot send {name} of dtype {array.dtype}")
-        meta = hetrl_pb2.NDArray(dtype=array.dtype.str, shape=array.shape).SerializeToString()
-        data = array.data.cast("B") if array.nbytes else b""  # the array's own buffer
-        data_head = _field_header(_DATA_FIELD, array.nbytes) if array.nbytes else b""
-        body = len(meta) + len(data_head) + array.nbytes
-        field = _field_header(number, body)
-        parts += [field, meta, data_head, data]
-        size += len(field) + body
+        value = getattr(arrays, name)
+        if isinstance(value, dict):  # a nested space's observation leaves
+            for leaf, array in value.items():
+                label = hetrl_pb2.NamedArray(name=leaf).SerializeToString()
+                ndarray = _ndarray_parts(f"{name} {leaf!r}", array)
+                inner = sum(len(p) for p in ndarray)
+                array_head = _field_header(_LEAF_ARRAY_FIELD, inner)
+                parts += [_field_header(_LEAVES_FIELD, len(label) + len(array_head) + inner),
+                          label, array_head, *ndarray]
+            continue
+        ndarray = _ndarray_parts(name, value)
+        parts += [_field_header(number, sum(len(p) for p in ndarray)), *ndarray]
+    size = sum(len(p) for p in parts)
     return b"".join([_field_header(_FRAGMENT_FIELD, size), *parts])
+
+
+def _ndarray_parts(name: str, array: np.ndarray) -> list[bytes | memoryview]:
+    """An NDArray message's bytes in parts, the data the array's own buffer."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.kind not in "biufc":
+        raise WireFormatError(f"cannot send {name} of dtype {array.dtype}")
+    meta = hetrl_pb2.NDArray(dtype=array.dtype.str, shape=array.shape).SerializeToString()
+    if not array.nbytes:
+        return [meta]
+    return [meta, _field_header(_DATA_FIELD, array.nbytes), array.data.cast("B")]
 
 
 def to_message(arrays: FragmentArrays, *header: Any, **named: Any) -> hetrl_pb2.WorkerMessage:
     """The message `serialize` encodes (same arguments after `arrays`), built through
     protobuf: the plain reference that tests and benchmarks compare `serialize` with."""
-    fields = {name: wire.encode(getattr(arrays, name)) for name in ARRAY_FIELDS}
+    fields: dict[str, Any] = {}
+    for name in ARRAY_FIELDS:
+        value = getattr(arrays, name)
+        if isinstance(value, dict):
+            fields["observation_leaves"] = wire.encode_named(value)
+        else:
+            fields[name] = wire.encode(value)
     scalars = _scalars(arrays, *header, **named)
     return hetrl_pb2.WorkerMessage(fragment=hetrl_pb2.Fragment(**scalars, **fields))
 
 
-def from_message(
-    message: hetrl_pb2.Fragment, expected: dict[str, tuple[tuple[int, ...], np.dtype]]
-) -> ReceivedFragment:
+def decode_observations(
+    message: Any, expected: Obs, what: str = "fragment observations"
+) -> Obs:
+    """The observations of a Fragment or EnvStep message (`observations`, or a nested
+    space's `observation_leaves`), each array checked against `expected` (shape and
+    dtype, a tree of them) and in native byte order.
+
+    Raises:
+        WireFormatError: a leaf missing, unknown or repeated, or of the wrong dtype or shape.
+    """
+    if not isinstance(expected, dict):
+        if message.observation_leaves:
+            raise WireFormatError(f"{what}: observation leaves where a Box was expected")
+        return checked(wire.decode(message.observations), expected, what)
+    if message.HasField("observations"):
+        raise WireFormatError(f"{what}: one array where leaves {sorted(expected)} were expected")
+    decoded = wire.decode_named(message.observation_leaves)
+    if set(decoded) != set(expected):
+        raise WireFormatError(f"{what}: leaves {sorted(decoded)}, expected {sorted(expected)}")
+    return {leaf: checked(decoded[leaf], expected[leaf], f"{what} {leaf!r}")
+            for leaf in expected}
+
+
+def checked(array: np.ndarray, expected: Expected, what: str) -> np.ndarray:
+    """`array` in native byte order, if it has the expected shape and dtype.
+
+    Raises:
+        WireFormatError: it has not.
+    """
+    shape, dtype = expected
+    if array.shape != shape or array.dtype.newbyteorder("=") != dtype.newbyteorder("="):
+        raise WireFormatError(f"{what}: got {array.shape} {array.dtype}, expected {shape} {dtype}")
+    return wire.to_native(array)
+
+
+def from_message(message: hetrl_pb2.Fragment, expected: dict[str, Any]) -> ReceivedFragment:
     """Decode and check a fragment against the shapes announced for its stream
     (`expected`: what `expected_steps` makes of its Hello).
 
     Raises:
         WireFormatError: any array is malformed or has the wrong dtype or shape.
     """
-    decoded = {name: wire.decode(getattr(message, name)) for name in ARRAY_FIELDS}
-    for name, (shape, dtype) in expected.items():
-        array = decoded[name]
-        if array.shape != shape or array.dtype.newbyteorder("=") != dtype.newbyteorder("="):
-            raise WireFormatError(
-                f"fragment {name}: got {array.shape} {array.dtype}, expected {shape} {dtype}"
-            )
-        decoded[name] = wire.to_native(array)
+    decoded: dict[str, Any] = {
+        "observations": decode_observations(message, expected["observations"])}
+    for name in ARRAY_FIELDS:
+        if name == "observations":
+            continue
+        array = wire.decode(getattr(message, name))
+        decoded[name] = (checked(array, expected[name], f"fragment {name}")
+                         if name in expected else array)
     n_episodes = decoded[EPISODE_FIELDS[0]].shape
     if len(n_episodes) != 1 or any(decoded[name].shape != n_episodes
                                    for name in EPISODE_FIELDS):
@@ -243,7 +331,8 @@ def from_message(
 
 
 def nonfinite_fields(arrays: FragmentArrays) -> list[str]:
-    """Names of the float arrays of a fragment that hold NaN or Inf (empty: all finite)."""
-    return [name for name in ARRAY_FIELDS
-            if (array := getattr(arrays, name)).dtype.kind in "fc"
-            and not np.isfinite(array).all()]
+    """Names of the float arrays of a fragment that hold NaN or Inf (empty: all finite;
+    a nested space's observation leaves named "observations/<path>")."""
+    named = {**flat_steps(arrays), **{name: getattr(arrays, name) for name in EPISODE_FIELDS}}
+    return [name for name, array in named.items()
+            if array.dtype.kind in "fc" and not np.isfinite(array).all()]

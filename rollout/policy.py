@@ -6,7 +6,10 @@ Discrete actions use a categorical head, MultiDiscrete one categorical per choic
 MultiBinary one Bernoulli per bit, and Box actions (any shape, flattened) a diagonal
 Gaussian whose samples are clipped to [-1, 1] and rescaled to the env's bounds before
 stepping (the raw sample is what gets trained on); `env_actions` gives the env its own
-shape and offsets back. Observation normalisation statistics are
+shape and offsets back. Observations are a Box's array or, for a Dict or Tuple space,
+its leaves by path (rollout/observations.py): the built-in network for those encodes
+each leaf (a CNN per image, one-hot choices, vectors as they are) and joins them before
+the actor and critic MLPs. Observation normalisation statistics (per float leaf) are
 buffers of the module, so they travel with the weights. No gRPC, no envs here.
 """
 
@@ -28,6 +31,15 @@ from hetrl.rollout.distributions import (
 )
 from hetrl.rollout.envs import import_user_module
 from hetrl.rollout.errors import ConfigError, WireFormatError
+from hetrl.rollout.observations import (
+    BINARY,
+    IMAGE,
+    ONE_HOT,
+    Leaf,
+    Obs,
+    ObsLayout,
+    tree_map,
+)
 from hetrl.rollout.settings import PolicySettings
 
 
@@ -93,6 +105,113 @@ class MLPActorCritic(nn.Module):
         return self.actor(obs), self.critic(obs).squeeze(-1)
 
 
+def image_channels_last(shape: tuple[int, ...]) -> bool:
+    """Whether an image of this shape is (H, W, C) rather than (C, H, W): the channel
+    axis is the short one (<= 4) of the two ends; (H, W, C) when both or neither are."""
+    if len(shape) == 2:
+        return True  # (H, W): one channel, added last
+    first, last = shape[0] <= 4, shape[-1] <= 4
+    return last or not first
+
+
+def _conv(n_in: int, n_out: int, kernel: int, stride: int, padding: int = 0) -> nn.Conv2d:
+    conv = nn.Conv2d(n_in, n_out, kernel, stride, padding)
+    nn.init.orthogonal_(conv.weight, math.sqrt(2))
+    nn.init.zeros_(conv.bias)  # type: ignore[arg-type]  # a Conv2d made with bias has one
+    return conv
+
+
+class ImageEncoder(nn.Module):
+    """A CNN for one image leaf ([B, H, W, C], [B, C, H, W] or [B, H, W], scaled to
+    [0, 1]), sized to the image: the Nature DQN stack from 64 pixels a side (84x84
+    Atari frames), strided 4x4 and 3x3 convolutions from 16, and two padded 3x3
+    convolutions below that (grids such as MiniGrid's 7x7 would vanish under strides);
+    then one 256-wide layer."""
+
+    FEATURES = 256
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.channels_last = image_channels_last(shape)
+        self.add_channel = len(shape) == 2
+        if self.add_channel:
+            channels, side = 1, min(shape)
+        elif self.channels_last:
+            channels, side = shape[-1], min(shape[:2])
+        else:
+            channels, side = shape[0], min(shape[1:])
+        if side >= 64:
+            layers = [_conv(channels, 32, 8, 4), nn.ReLU(), _conv(32, 64, 4, 2), nn.ReLU(),
+                      _conv(64, 64, 3, 1), nn.ReLU()]
+        elif side >= 16:
+            layers = [_conv(channels, 32, 4, 2), nn.ReLU(), _conv(32, 64, 3, 2), nn.ReLU(),
+                      _conv(64, 64, 3, 1), nn.ReLU()]
+        else:
+            layers = [_conv(channels, 16, 3, 1, 1), nn.ReLU(), _conv(16, 32, 3, 1, 1),
+                      nn.ReLU()]
+        self.convs = nn.Sequential(*layers, nn.Flatten())
+        with torch.no_grad():
+            flat = self.convs(self._channels_first(torch.zeros(1, *shape))).shape[1]
+        self.out = nn.Sequential(_layer(flat, self.FEATURES, math.sqrt(2)), nn.ReLU())
+
+    def _channels_first(self, images: torch.Tensor) -> torch.Tensor:
+        if self.add_channel:
+            return images.unsqueeze(1)
+        return images.permute(0, 3, 1, 2) if self.channels_last else images
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.out(self.convs(self._channels_first(images)))
+
+
+def _module_key(leaf: str) -> str:
+    """A leaf's path as a module name (torch allows no "." in those, nor an empty one)."""
+    return "leaf:" + leaf.replace(".", ":")
+
+
+class MultiInputActorCritic(nn.Module):
+    """The built-in network for Dict and Tuple observations: each image leaf through
+    its own CNN (shared by actor and critic), every other leaf flat as `preprocess`
+    encoded it (normalised vector, one-hot choices, bits), all joined, then the
+    actor and critic MLPs of `MLPActorCritic`."""
+
+    def __init__(self, layout: ObsLayout, head_dim: int, settings: PolicySettings) -> None:
+        super().__init__()
+        self.layout = layout
+        self.images = nn.ModuleDict({_module_key(leaf.name): ImageEncoder(leaf.shape)
+                                     for leaf in layout.leaves if leaf.encoding == IMAGE})
+        width = sum(ImageEncoder.FEATURES if leaf.encoding == IMAGE else leaf.width
+                    for leaf in layout.leaves)
+        act = {"tanh": nn.Tanh, "relu": nn.ReLU}[settings.activation]
+        self.actor = _mlp(width, settings.hidden_sizes, head_dim, act, 0.01)
+        self.critic = _mlp(width, settings.hidden_sizes, 1, act, 1.0)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [self.images[_module_key(leaf.name)](obs[leaf.name])
+                 if leaf.encoding == IMAGE else obs[leaf.name].flatten(1)
+                 for leaf in self.layout.leaves]
+        joined = torch.cat(parts, 1)
+        return self.actor(joined), self.critic(joined).squeeze(-1)
+
+
+def _encode_leaf(leaf: Leaf, x: torch.Tensor, rms: RunningMeanStd | None) -> torch.Tensor:
+    """One leaf as every network receives it: float, an image in [0, 1], a choice
+    one-hot ([B, sum of its sizes]), a vector normalised when statistics are kept."""
+    if leaf.encoding == IMAGE:
+        return x.float() / 255.0
+    if leaf.encoding == ONE_HOT:
+        flat = x.reshape(len(x), -1).long()
+        start = torch.as_tensor(leaf.start, device=x.device)
+        sizes = torch.as_tensor(leaf.sizes, device=x.device)
+        offsets = torch.cumsum(sizes, 0) - sizes
+        index = (flat - start).clamp(min=0).minimum(sizes - 1) + offsets
+        out = torch.zeros(len(x), int(sum(leaf.sizes)), device=x.device)
+        return out.scatter_(1, index, 1.0)
+    x = x.float()
+    if leaf.encoding == BINARY or rms is None:
+        return x
+    return rms(x)
+
+
 def _load_custom(path: str, observation_space: gym.Space, action_space: gym.Space) -> nn.Module:
     module, _, attr = path.partition(":")
     imported = import_user_module(module, f"--policy {path!r}", ConfigError)
@@ -110,7 +229,7 @@ class Policy(nn.Module):
     """Actor-critic with action distribution, sampling and env-action mapping."""
 
     def __init__(
-        self, observation_space: gym.spaces.Box, action_space: gym.Space, settings: PolicySettings
+        self, observation_space: gym.Space, action_space: gym.Space, settings: PolicySettings
     ) -> None:
         super().__init__()
         self.action_kind, head_dim = _head(action_space)
@@ -125,15 +244,24 @@ class Policy(nn.Module):
         elif isinstance(action_space, gym.spaces.MultiDiscrete):
             self._nvec = tuple(int(n) for n in action_space.nvec.reshape(-1))
             self._start = action_space.start.reshape(-1).astype(np.int64)
-        self.scale_uint8 = np.dtype(observation_space.dtype) == np.uint8
+        self.obs_layout = ObsLayout.of(observation_space)
+        nested = self.obs_layout.nested
+        self.scale_uint8 = not nested and np.dtype(observation_space.dtype) == np.uint8
+        self.obs_rms: RunningMeanStd | None = None
+        self.leaf_rms = nn.ModuleDict()
+        """A nested space's float leaves' statistics, by `_module_key`."""
         if settings.normalize_observations and not self.scale_uint8:
-            self.obs_rms: RunningMeanStd | None = RunningMeanStd(observation_space.shape)
-        else:
-            self.obs_rms = None
+            if not nested:
+                self.obs_rms = RunningMeanStd(tuple(observation_space.shape or ()))
+            for leaf in self.obs_layout.leaves if nested else ():
+                if leaf.normalized:
+                    self.leaf_rms[_module_key(leaf.name)] = RunningMeanStd(leaf.shape)
         if settings.policy:
             self.net = _load_custom(settings.policy, observation_space, action_space)
+        elif nested:
+            self.net = MultiInputActorCritic(self.obs_layout, head_dim, settings)
         else:
-            obs_dim = int(np.prod(observation_space.shape))
+            obs_dim = int(np.prod(observation_space.shape or ()))
             self.net = MLPActorCritic(obs_dim, head_dim, settings)
         if isinstance(action_space, gym.spaces.Box):
             self.log_std = nn.Parameter(torch.zeros(head_dim))
@@ -145,19 +273,46 @@ class Policy(nn.Module):
         """The parameters that shape the action distribution alone (the built-in MLP's
         actor and the Gaussian's log-std), for the actor's share of the gradient; None
         for a custom --policy, whose parts hetrl cannot tell apart."""
-        if not isinstance(self.net, MLPActorCritic):
+        if not isinstance(self.net, (MLPActorCritic, MultiInputActorCritic)):
             return None
         extra = [self.log_std] if hasattr(self, "log_std") else []
         return [*self.net.actor.parameters(), *extra]
 
-    def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
-        """Observations as the network sees them: float, scaled or normalized."""
+    def preprocess(self, obs: Obs) -> Obs:
+        """Observations as the network sees them: float, scaled or normalized (a
+        nested space's leaves each by its kind, see `_encode_leaf`)."""
+        if self.obs_layout.nested:
+            stats = {key: rms for key, rms in self.leaf_rms.items()
+                     if isinstance(rms, RunningMeanStd)}
+            return {leaf.name: _encode_leaf(leaf, obs[leaf.name],
+                                            stats.get(_module_key(leaf.name)))
+                    for leaf in self.obs_layout.leaves}
         if self.scale_uint8:
             return obs.float() / 255.0
         obs = obs.float()
         return self.obs_rms(obs) if self.obs_rms is not None else obs
 
-    def heads(self, obs: torch.Tensor, preprocessed: bool = False
+    @property
+    def preprocess_once(self) -> bool:
+        """Whether a whole batch may be preprocessed at once: not when it holds images,
+        which stay uint8 until a minibatch needs them (a quarter of the memory)."""
+        return not self.scale_uint8 and not any(leaf.encoding == IMAGE
+                                                 for leaf in self.obs_layout.leaves
+                                                 if self.obs_layout.nested)
+
+    @torch.no_grad()
+    def update_normalizer(self, obs: Obs) -> None:
+        """Fold a batch of observations ([B, ...] per leaf) into the running statistics."""
+        if self.obs_rms is not None:
+            self.obs_rms.update(obs)
+        for leaf in self.obs_layout.leaves if self.obs_layout.nested else ():
+            key = _module_key(leaf.name)
+            if key in self.leaf_rms:
+                rms = self.leaf_rms[key]
+                assert isinstance(rms, RunningMeanStd)
+                rms.update(obs[leaf.name])
+
+    def heads(self, obs: Obs, preprocessed: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw network outputs: (logits or action mean, value); `preprocessed`: `obs`
         already went through `preprocess`."""
@@ -172,15 +327,15 @@ class Policy(nn.Module):
             return Bernoulli(head)
         return DiagonalGaussian(head, self.log_std)
 
-    def forward(self, obs: torch.Tensor, preprocessed: bool = False
+    def forward(self, obs: Obs, preprocessed: bool = False
                 ) -> tuple[ActionDistribution, torch.Tensor]:
         head, value = self.heads(obs, preprocessed)
         return self.distribution(head), value
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def act(self, obs: Obs) -> tuple[np.ndarray, np.ndarray]:
         """Sample actions for a batch of observations; return (actions, log-probs)."""
-        dist, _ = self(torch.from_numpy(obs))
+        dist, _ = self(tree_map(torch.from_numpy, obs))
         actions = dist.sample()
         return actions.numpy(), dist.log_prob(actions).numpy()
 

@@ -40,10 +40,14 @@ class EnvSettings:
     """Modules to import before making the env (they register custom ids)."""
     seed: int = 1
     """Seed of envs, policy init and sampling; each worker derives its own from it."""
+    drop_observations: tuple[str, ...] = ()
+    """Keys of a Dict observation to drop before hetrl sees them (e.g. `mission`,
+    MiniGrid's text, which no policy can read); every process drops them alike."""
 
     def __post_init__(self) -> None:
         require(bool(self.env.strip()), "--env must name a gymnasium id or module:Class")
         self.env_import = tuple(self.env_import)
+        self.drop_observations = tuple(self.drop_observations)
         _chain_post_init(self, EnvSettings)
 
 

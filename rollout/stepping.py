@@ -22,14 +22,16 @@ import numpy as np
 
 from hetrl.rollout.envs import FAULT_KEY, FailureBudget, in_space_dtype
 from hetrl.rollout.errors import EnvError, EnvUnhealthyError, NonFiniteError
+from hetrl.rollout.observations import Obs, ObsLayout, finite_rows
 
 log = logging.getLogger("hetrl.collector")
 
 
 class StepResult(NamedTuple):
-    """What one vector step returned: [N, *obs] observations, [N] the rest."""
+    """What one vector step returned: [N, *obs] observations (an array, or per leaf of
+    a nested space: see observations.py), [N] the rest."""
 
-    observations: np.ndarray
+    observations: Obs
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
@@ -49,6 +51,7 @@ class EnvStepper:
         # Whole-vector recreations (unguarded vector envs), budgeted per vector step.
         self.vector_budget = FailureBudget(failure_rate, failure_window)
         self.num_envs = envs.num_envs
+        self.layout = ObsLayout.of(envs.single_observation_space)
         self.busy_since: float | None = None  # monotonic start of the running env call
 
     def _env_call(self, fn, *args, **kwargs):
@@ -58,10 +61,10 @@ class EnvStepper:
         finally:
             self.busy_since = None
 
-    def reset(self, seed: int | None = None) -> np.ndarray:
+    def reset(self, seed: int | None = None) -> Obs:
         """Reset every env (a new episode each); return the first observations."""
         obs, _ = self._env_call(self.envs.reset, seed=seed)
-        return obs
+        return self.layout.flatten(obs)
 
     def step(self, env_actions: np.ndarray) -> StepResult:
         """envs.step, or, when an unguarded vector env raises or returns NaN/Inf, the
@@ -80,12 +83,11 @@ class EnvStepper:
             if self.remake is None:
                 raise
             return self._remake_all(exc)
+        obs = self.layout.flatten(obs)
         faulted = np.zeros(self.num_envs, dtype=bool)
         if FAULT_KEY in info:
             faulted = np.asarray(info.get(f"_{FAULT_KEY}", info[FAULT_KEY]), dtype=bool)
-        bad = ~np.isfinite(reward)
-        if obs.dtype.kind in "fc":
-            bad |= ~np.isfinite(obs.reshape(self.num_envs, -1)).all(axis=1)
+        bad = ~np.isfinite(reward) | ~finite_rows(obs, self.num_envs)
         if bad.any():  # only reachable when the envs are not guarded
             if self.nonfinite == "fail" or self.remake is None:
                 raise NonFiniteError(f"envs {np.flatnonzero(bad).tolist()} returned NaN/Inf "

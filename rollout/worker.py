@@ -35,6 +35,7 @@ from hetrl.rollout.collector import Collector
 from hetrl.rollout.envs import describe_env, make_vector_env
 from hetrl.rollout.errors import ConfigError, NonFiniteError, WireFormatError
 from hetrl.rollout.lifetime import exit_now
+from hetrl.rollout.observations import ObsLayout
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.rewards import RewardNormalizer
 from hetrl.rollout.serving import (  # noqa: F401 (SERVICE_NAME, WorkerState: re-exported)
@@ -273,7 +274,7 @@ def receive_limit(policy: Policy) -> int:
 def _check_fragment_size(settings: WorkerSettings, obs_space, act_space) -> None:
     """Refuse a configuration whose fragment cannot fit in one message."""
     t_len, n = settings.fragment_length, settings.envs_per_worker
-    obs_bytes = (t_len + 1) * n * obs_space.dtype.itemsize * math.prod(obs_space.shape)
+    obs_bytes = (t_len + 1) * n * ObsLayout.of(obs_space).nbytes
     # actions (int64 or float32 each), reward, logprob (f4), three bool flags
     step_bytes = t_len * n * (8 * math.prod(act_space.shape or ()) + 4 + 4 + 3)
     size = obs_bytes + step_bytes

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hetrl.launch import run_local
-from hetrl.rollout.evaluate import evaluate, load_policy
-from tests.helpers import hetrl
+from tests.helpers import hetrl, learns_and_plays
 
 CASES = {
     # env: (steps, threshold, random play's return)
@@ -31,19 +29,9 @@ CASES = {
 def test_each_action_space_learns_and_its_policy_plays(tmp_path: Path, env: str,
                                                        inference: str) -> None:
     steps, threshold, random_play = CASES[env]
-    out = tmp_path / env
-    result = run_local(env=f"tests.fixtures.envs:{env}", workers=2, envs_per_worker=8,
-                       total_steps=steps, seed=1, inference=inference, out=str(out),
-                       progress=False, report=False)
-    assert result.ok, result.summary
-    assert result.summary["mean_return_100"] >= threshold, (
-        f"{env} ({inference} inference) ended at {result.summary['mean_return_100']:.2f}, "
-        f"random play scores ~{random_play}")
-    if inference == "central":
-        assert set(result.summary["policy_lag_histogram"]) <= {"0", "1"}
     # The env's own asserts check every action it is given (shape, bounds, start).
-    played = evaluate(load_policy(out, "best"), episodes=5, deterministic=True, seed=10)
-    assert played.mean_return >= threshold, played.summary()
+    learns_and_plays(tmp_path / env, f"tests.fixtures.envs:{env}", inference, steps,
+                     threshold, random_play)
 
 
 def test_an_emulated_job_learns_multidiscrete_actions(tmp_path: Path) -> None:

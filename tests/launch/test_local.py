@@ -83,7 +83,7 @@ def test_python_api_refuses_bad_input_before_spawning(tmp_path: Path) -> None:
         (["--total-steps", "-5"], "--total-steps must be > 0"),
         (["--envs-per-worker", "0"], "--envs-per-worker must be >= 1"),
         (["--env", "NoSuchEnv-v0"], "cannot make env"),
-        (["--env", "tests.fixtures.envs:DictObs"], "not a Box"),
+        (["--env", "tests.fixtures.envs:TextInDict"], "observation leaf 'note'"),
     ],
 )
 def test_cli_refuses_bad_input(tmp_path: Path, args: list[str], message: str) -> None:

@@ -29,6 +29,7 @@ from hetrl.rollout.collector import Collector
 from hetrl.rollout.env_server import EnvServer, env_step_message, group_sizes
 from hetrl.rollout.envs import action_dtype, make_vector_env
 from hetrl.rollout.errors import ProtocolError
+from hetrl.rollout.observations import ObsLayout
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.serving import add_to_server
 from hetrl.rollout.settings import WorkerSettings
@@ -41,7 +42,7 @@ TOKEN = "test-token"
 
 def spec_of(envs) -> StreamSpec:
     obs, act = envs.single_observation_space, envs.single_action_space
-    return StreamSpec("CartPole-v1", str(obs), str(act), obs.shape, obs.dtype,
+    return StreamSpec("CartPole-v1", str(obs), str(act), ObsLayout.of(obs),
                       act.shape or (), action_dtype(act))
 
 
@@ -137,7 +138,7 @@ def test_central_assembly_cuts_fragments_exactly_as_the_collector_does() -> None
     steppers = [EnvStepper(make_vector_env(settings, n, "sync")) for n in sizes]
     hello = hetrl_pb2.Hello(worker_id=0, num_envs=4, fragment_length=20, env_groups=2)
     obs_space = steppers[0].envs.single_observation_space
-    shapes = CentralShapes(obs_space.shape, obs_space.dtype, (), np.dtype(np.int64))
+    shapes = CentralShapes(ObsLayout.of(obs_space), (), np.dtype(np.int64))
     per_group = [[a[:2] for a in script], [a[2:] for a in script]]
     sent: list[hetrl_pb2.Actions] = []
     routed_group = [0]

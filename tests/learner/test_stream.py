@@ -15,6 +15,7 @@ from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout import wire
 from hetrl.rollout.envs import action_dtype
 from hetrl.rollout.errors import ProtocolError
+from hetrl.rollout.observations import ObsLayout
 from hetrl.rollout.policy import Policy, policy_arrays
 from hetrl.rollout.settings import WorkerSettings
 from hetrl.rollout.transport import auth_metadata, create_channel, create_server
@@ -46,7 +47,7 @@ def served_worker():
 
 def make_spec(worker: RolloutWorker, env: str = "CartPole-v1") -> StreamSpec:
     obs, act = worker.envs.single_observation_space, worker.envs.single_action_space
-    return StreamSpec(env, str(obs), str(act), obs.shape, obs.dtype, act.shape or (),
+    return StreamSpec(env, str(obs), str(act), ObsLayout.of(obs), act.shape or (),
                       action_dtype(act))
 
 
@@ -122,7 +123,8 @@ def test_second_learner_is_refused(served_worker) -> None:
 
 def test_unreachable_worker_fails_after_connect_timeout() -> None:
     fan_in: queue.Queue = queue.Queue()
-    spec = StreamSpec("CartPole-v1", "", "", (4,), np.dtype("<f4"), (), np.dtype(np.int64))
+    spec = StreamSpec("CartPole-v1", "", "", ObsLayout.box((4,), "<f4"), (),
+                      np.dtype(np.int64))
     stream = WorkerStream("127.0.0.1:1", TOKEN, spec, fan_in, hetrl_pb2.Weights(), credits=1,
                           connect_timeout=1.0)
     start = time.monotonic()

@@ -19,6 +19,7 @@ from gymnasium.wrappers import TimeLimit
 
 from hetrl.rollout.collector import Collector
 from hetrl.rollout.fragments import expected_steps
+from hetrl.rollout.observations import ObsLayout
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.settings import PolicySettings
 
@@ -123,7 +124,7 @@ def test_dtypes_and_shapes():
     collector = make_collector([(2, False), (3, True), (4, False)], length=7)
     frag = collector.collect()
     # What every receiver checks a fragment against (tests/rollout/test_fragments.py).
-    expected = expected_steps(7, 3, (1,), np.float32, (), np.int64)
+    expected = expected_steps(7, 3, ObsLayout.box((1,), np.float32), (), np.int64)
     for key, (shape, dtype) in expected.items():
         value = getattr(frag, key)
         assert value.shape == shape, key

@@ -44,7 +44,7 @@ def test_vector_modes_autoreset_next_step(mode: str) -> None:
     [
         ("NoSuchEnv-v0", "cannot make env"),
         ("no_such_module:Env", "cannot import no_such_module"),
-        ("tests.fixtures.envs:DictObs", "not a Box"),
+        ("tests.fixtures.envs:TextInDict", "observation leaf .note. .* text cannot be fed"),
     ],
 )
 def test_bad_env_is_a_clear_error(env: str, match: str) -> None:
@@ -98,7 +98,7 @@ def test_entry_point_with_nothing_close_lists_what_the_module_defines() -> None:
         describe_env(EnvSettings(env="tests.fixtures.envs:Qwxyzzy"))
     message = str(info.value)
     assert ("module tests.fixtures.envs has no Qwxyzzy, and no env id Qwxyzzy is registered; "
-            "its classes and functions include CopyBits, CrashAfter, DictObs") in message
+            "its classes and functions include CopyBits, CrashAfter, EveryLeaf") in message
     assert "gym" not in message.partition("include")[2]  # what it imports is no suggestion
 
 

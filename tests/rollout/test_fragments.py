@@ -22,6 +22,7 @@ from hetrl.rollout.fragments import (
     nonfinite_fields,
     serialize,
 )
+from hetrl.rollout.observations import ObsLayout
 
 T, N, OBS, ACT = 4, 3, (2, 5), (2,)
 # The fragment's fields the definition does not carry: who sent it, with which weights.
@@ -30,7 +31,7 @@ ORIGIN = {"worker_id", "incarnation", "sequence", "policy_version", "wait_second
 
 def make_arrays(seed: int = 0) -> FragmentArrays:
     rng = np.random.default_rng(seed)
-    layout = expected_steps(T, N, OBS, np.float32, ACT, np.float32)
+    layout = expected_steps(T, N, ObsLayout.box(OBS, np.float32), ACT, np.float32)
     steps = {name: (rng.random(shape) < 0.5 if dtype.kind == "b" else
                     rng.standard_normal(shape).astype(dtype))
              for name, (shape, dtype) in layout.items()}
@@ -41,19 +42,21 @@ def make_arrays(seed: int = 0) -> FragmentArrays:
 
 def decode(raw: bytes):
     message = hetrl_pb2.WorkerMessage.FromString(raw).fragment
-    return from_message(message, expected_steps(T, N, OBS, np.float32, ACT, np.float32))
+    return from_message(message,
+                        expected_steps(T, N, ObsLayout.box(OBS, np.float32), ACT, np.float32))
 
 
 def test_the_definition_is_the_proto_s_fragment() -> None:
     fields = hetrl_pb2.Fragment.DESCRIPTOR.fields
     arrays = {f.name for f in fields if f.message_type is hetrl_pb2.NDArray.DESCRIPTOR}
     assert set(ARRAY_FIELDS) == arrays, "add the field to protos/hetrl.proto as NDArray too"
-    scalars = {f.name for f in fields} - arrays - ORIGIN
+    # A nested space's observations travel as named leaves in observation_leaves.
+    scalars = {f.name for f in fields} - arrays - ORIGIN - {"observation_leaves"}
     assert set(SCALAR_FIELDS) == scalars, "add the field to protos/hetrl.proto too"
 
 
 def test_expected_steps_reads_the_layout_of_each_field() -> None:
-    layout = expected_steps(T, N, OBS, np.uint8, ACT, np.int64)
+    layout = expected_steps(T, N, ObsLayout.box(OBS, np.uint8), ACT, np.int64)
     assert tuple(layout) == STEP_FIELDS
     assert layout == {
         "observations": ((T + 1, N, *OBS), np.dtype(np.uint8)),
