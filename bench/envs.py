@@ -9,7 +9,9 @@ injects policy lag with it). `SlowSim` stands for a custom simulator whose step
 takes ~10 ms (8 ms waiting on an engine, 2 ms of CPU); `make_heavy_humanoid` is a real
 one: MuJoCo Humanoid-v5 simulating 60 physics steps per env step (~13 ms here)
 (bench/slow_env.py). `FaultyCartPole` raises on a share of its steps and, once in the
-whole run, takes 30 s over a reset (bench/soak.py). Nothing else lives here.
+whole run, takes 30 s over a reset (bench/soak.py). `CartPoleNoVel` is CartPole-v1
+with the velocities hidden, the memory benchmark of recurrent policies (bench/memory.py).
+Nothing else lives here.
 """
 
 from __future__ import annotations
@@ -145,3 +147,18 @@ class FaultyCartPole(CartPoleEnv):
         obs, reward, terminated, truncated, info = super().step(action)
         self._steps += 1
         return obs, reward, terminated, truncated or self._steps >= 500, info
+
+
+class CartPoleNoVel(gym.ObservationWrapper):
+    """CartPole-v1 with its velocities hidden: the cart's position and the pole's angle
+    only (observations 0 and 2), the standard memory benchmark: a policy must infer the
+    velocities from what it saw before (bench/memory.py)."""
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        super().__init__(gym.make("CartPole-v1", render_mode=render_mode))
+        full = self.env.observation_space
+        self.observation_space = gym.spaces.Box(full.low[[0, 2]], full.high[[0, 2]],
+                                                dtype=full.dtype)
+
+    def observation(self, observation):
+        return observation[[0, 2]]

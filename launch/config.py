@@ -28,8 +28,8 @@ ROLE_SETTINGS = (LocalSettings, ClusterSettings, LearnerSettings, WorkerSettings
 SETTINGS_FILE = "settings.json"
 
 # What a checkpoint's network and observation statistics depend on: a resume keeps them.
-RESUME_FIXED = ("env", "env_import", "hidden_sizes", "activation", "policy",
-                "normalize_observations")
+RESUME_FIXED = ("env", "env_import", "drop_observations", "hidden_sizes", "activation",
+                "policy", "normalize_observations", "recurrent", "rnn_size")
 # Settings about the directory, not the run: a rerun from a run's own file drops them.
 _DIRECTORY_SETTINGS = ("out", "resume", "overwrite")
 

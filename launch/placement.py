@@ -132,7 +132,7 @@ def measure_placement(settings, seconds: float = 1.0, workers: int = 2) -> Place
                                action_dtype(act_space))
 
         class Immediate:
-            def submit(self, observations, answer):
+            def submit(self, observations, answer, memory=None):
                 answer(actions, np.zeros(group, np.float32), env_actions, 0)
 
         assembler = CentralAssembler(hello, shapes, 1 << 30, Immediate(), send=lambda _: None)

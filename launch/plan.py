@@ -17,6 +17,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 from hetrl.launch.prices import cost_per_million_steps, load_prices
 from hetrl.launch.settings import InstanceTypes
@@ -131,6 +132,10 @@ def _time_updates(settings: PlanSettings, d, train, seconds: float) -> float:
     obs = policy.obs_layout.sample(d.observation_space, (t_len + 1) * n)
     # as the policy samples them (flat, no offset)
     actions, _ = policy.act(tree_map(lambda o: o[:t_len * n], obs))
+    # a recurrent policy replays each env's sequence from its state
+    memory: dict[str, Any] = ({"starts": torch.zeros(t_len + 1, n, dtype=torch.bool),
+                               "initial_state": torch.zeros(1, n, policy.state_size)}
+                              if policy.state_size else {})
     batch = Batch(
         observations=tree_map(
             lambda o: torch.from_numpy(o.reshape(t_len + 1, n, *o.shape[1:])), obs),
@@ -140,6 +145,7 @@ def _time_updates(settings: PlanSettings, d, train, seconds: float) -> float:
         terminated=torch.zeros(t_len, n, dtype=torch.bool),
         truncated=torch.zeros(t_len, n, dtype=torch.bool),
         valid=torch.ones(t_len, n, dtype=torch.bool),
+        **memory,
     )
     ppo_update(policy, optimizer, batch, train)  # warm-up
     updates, start = 0, time.perf_counter()

@@ -34,14 +34,18 @@ from hetrl.rollout.observations import Obs, ObsLayout, all_finite
 from hetrl.rollout.rewards import RewardNormalizer
 from hetrl.rollout.stepping import StepResult
 
-Reply = Callable[[np.ndarray, np.ndarray, np.ndarray, int], None]
-"""(actions as sampled, their log-probabilities, actions as the env takes them, version)."""
+Reply = Callable[..., None]
+"""(actions as sampled, their log-probabilities, actions as the env takes them, version,
+and for a recurrent policy the envs' new hidden states)."""
 
 
 class ActionChooser(Protocol):
-    """Whatever chooses actions for observations: the inference thread (or a test's)."""
+    """Whatever chooses actions for observations: the inference thread (or a test's).
+    A recurrent policy's `memory` is (each env's hidden state, which envs start an
+    episode: their state is zeroed first)."""
 
-    def submit(self, observations: Obs, reply: Reply) -> None: ...
+    def submit(self, observations: Obs, reply: Reply,
+               memory: tuple[np.ndarray, np.ndarray] | None = None) -> None: ...
 
 
 @dataclasses.dataclass
@@ -52,7 +56,7 @@ class _Group:
     builder: FragmentBuilder | None = None
     next_step: int = 0
     """The EnvStep number expected next from the worker."""
-    chosen: tuple[np.ndarray, np.ndarray, int] | None = None
+    chosen: tuple[np.ndarray, np.ndarray, int, np.ndarray | None] | None = None
     """Actions (as sampled), log-probs and version sent for the current observations."""
     started: int = 0
     """Fragments this group has begun (each needs a credit)."""
@@ -71,6 +75,7 @@ class CentralShapes:
     obs_layout: ObsLayout
     action_shape: tuple[int, ...]
     action_dtype: np.dtype
+    state_size: int = 0
 
 
 class CentralAssembler:
@@ -123,14 +128,14 @@ class CentralAssembler:
                 s = self.shapes
                 group.builder = FragmentBuilder(group.size, self.length, s.obs_layout,
                                                 s.action_shape, s.action_dtype,
-                                                result.observations)
+                                                result.observations, s.state_size)
             else:
                 assert group.chosen is not None
-                actions, logprobs, version = group.chosen
+                actions, logprobs, version, state = group.chosen
                 group.chosen = None
                 if group.oldest_version is None:
                     group.oldest_version = version
-                fragment = group.builder.record(actions, logprobs, result)
+                fragment = group.builder.record(actions, logprobs, result, state)
                 if fragment is not None:
                     group.done.append((fragment, group.oldest_version, group.waited))
                     group.oldest_version, group.waited = None, 0.0
@@ -179,15 +184,17 @@ class CentralAssembler:
         step = group.next_step - 1
 
         def reply(actions: np.ndarray, logprobs: np.ndarray, env_actions: np.ndarray,
-                  version: int) -> None:
+                  version: int, state: np.ndarray | None = None) -> None:
             with self._lock:
                 if self._closed:
                     return
-                group.chosen = (actions, logprobs, version)
+                group.chosen = (actions, logprobs, version, state)
             self._send(hetrl_pb2.Actions(group=index, step=step,
                                          actions=wire.encode(np.ascontiguousarray(env_actions))))
 
-        self.inference.submit(group.builder.obs, reply)
+        builder = group.builder
+        memory = None if builder.state is None else (builder.state, builder.starting)
+        self.inference.submit(builder.obs, reply, memory)
 
     # -- the batcher's or publisher's thread ---------------------------------------
     def grant(self) -> None:

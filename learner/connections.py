@@ -91,6 +91,8 @@ class StreamSpec:
     obs_layout: ObsLayout
     action_shape: tuple[int, ...]
     action_dtype: np.dtype
+    state_size: int = 0
+    """A recurrent policy's hidden state per env (fragments carry it); 0: feed-forward."""
 
 
 @dataclasses.dataclass
@@ -344,7 +346,7 @@ class WorkerStream:
         spec = self.spec
         expected = fragments.expected_steps(
             first.hello.fragment_length, first.hello.num_envs, spec.obs_layout,
-            spec.action_shape, spec.action_dtype)
+            spec.action_shape, spec.action_dtype, spec.state_size)
         if first.hello.incarnation not in self.incarnations:
             self.incarnations.append(first.hello.incarnation)
         self.state = StreamState.STREAMING
@@ -376,7 +378,8 @@ class WorkerStream:
         the worker resets its envs on the next stream, so nothing spans two streams."""
         assert self.hello is not None and self.inference is not None
         spec = self.spec
-        shapes = CentralShapes(spec.obs_layout, spec.action_shape, spec.action_dtype)
+        shapes = CentralShapes(spec.obs_layout, spec.action_shape, spec.action_dtype,
+                               spec.state_size)
         outbox = self._outbox
         assembler = CentralAssembler(self.hello, shapes, self._credits, self.inference,
                                      send=outbox.put_actions)

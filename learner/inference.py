@@ -21,6 +21,7 @@ import threading
 import time
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from hetrl.learner.central import Reply
@@ -35,6 +36,7 @@ log = logging.getLogger("hetrl.learner")
 class _Request:
     observations: Obs
     reply: Reply
+    memory: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class InferenceServer:
@@ -77,13 +79,16 @@ class InferenceServer:
             self.policy.load_state_dict(state)
             self.version = version
 
-    def submit(self, observations: Obs, reply: Reply) -> None:
-        """Choose actions for `observations` [n, *obs] (per leaf, nested); `reply` is
-        called from the inference thread (never under a lock of the caller's)."""
+    def submit(self, observations: Obs, reply: Reply,
+               memory: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Choose actions for `observations` [n, *obs] (per leaf, nested), from the
+        envs' hidden states for a recurrent policy (`memory`: [n, S] states and [n]
+        episode starts); `reply` is called from the inference thread (never under a
+        lock of the caller's)."""
         with self._cond:
             if self._closed:
                 return
-            self._pending.append(_Request(observations, reply))
+            self._pending.append(_Request(observations, reply, memory))
             self._cond.notify()
 
     def stats(self) -> dict[str, float]:
@@ -110,8 +115,19 @@ class InferenceServer:
         start = time.perf_counter()
         # One copy: the batch, writable (observations decoded off the wire are not).
         obs = concatenate([r.observations for r in batch])
+        on_device = tree_map(lambda a: torch.from_numpy(a).to(self.device), obs)
+        states = None
         with self._weights_lock:
-            dist, _ = self.policy(tree_map(lambda a: torch.from_numpy(a).to(self.device), obs))
+            if self.policy.state_size:  # one step of every env's sequence
+                memories = [r.memory for r in batch if r.memory is not None]
+                assert len(memories) == len(batch), "a recurrent policy needs the states"
+                state = torch.from_numpy(np.concatenate([m[0] for m in memories]))
+                starts = torch.from_numpy(np.concatenate([m[1] for m in memories]))
+                dist, _, new_state = self.policy.sequence(
+                    on_device, starts[None].to(self.device), state.to(self.device))
+                states = new_state.cpu().numpy()
+            else:
+                dist, _ = self.policy(on_device)
             sampled = dist.sample()
             logprobs = dist.log_prob(sampled).cpu().numpy()
             version = self.version
@@ -124,7 +140,8 @@ class InferenceServer:
         for request in batch:
             n = batch_size(request.observations)
             request.reply(actions[row:row + n], logprobs[row:row + n],
-                          env_actions[row:row + n], version)
+                          env_actions[row:row + n], version,
+                          None if states is None else states[row:row + n])
             row += n
 
 

@@ -105,6 +105,7 @@ class Learner:
             obs_layout=ObsLayout.of(obs_space),
             action_shape=action_shape(act_space),
             action_dtype=action_dtype(act_space),
+            state_size=self.policy.state_size,
         )
         # Bounded in practice by the credits: each worker holds at most
         # credits_per_worker fragments in flight, plus one failure notice per stream.

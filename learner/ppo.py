@@ -18,6 +18,7 @@ from hetrl.learner.mlp_ppo import MLPMinibatchSteps, gradient_stats
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.settings import TrainSettings
 from hetrl.learner.vtrace import vtrace
+from hetrl.rollout.distributions import ActionDistribution
 from hetrl.rollout.fragments import Steps
 from hetrl.rollout.observations import Obs, tree_map
 from hetrl.rollout.policy import Policy
@@ -99,10 +100,18 @@ def ppo_update_async(
         # uint8 until a minibatch needs them (a quarter of the memory).
         once = policy.preprocess_once
         net_obs = policy.preprocess(flat_obs) if once else flat_obs
-        heads, values = policy.heads(net_obs, preprocessed=once)
+        if policy.state_size:  # each env's sequence replayed from the fragment's state
+            assert batch.starts is not None and batch.initial_state is not None
+            dist, values, _ = policy.sequence(net_obs, batch.starts, batch.initial_state[0],
+                                              preprocessed=once)
+            # the last row's distribution is the bootstrap step's: not needed
+            target_logp = dist.log_prob(torch.cat([flat_actions, flat_actions[:n]])
+                                        )[: t_len * n].reshape(t_len, n)
+        else:
+            heads, values = policy.heads(net_obs, preprocessed=once)
+            step_dist = policy.distribution(heads[: t_len * n])
+            target_logp = step_dist.log_prob(flat_actions).reshape(t_len, n)
         values = values.reshape(t_len + 1, n)
-        step_dist = policy.distribution(heads[: t_len * n])
-        target_logp = step_dist.log_prob(flat_actions).reshape(t_len, n)
         vs, advantages = vtrace(
             target_logp - batch.logprobs,
             batch.rewards * cfg.reward_scale,
@@ -118,6 +127,16 @@ def ppo_update_async(
         if cfg.advantages == "gae":
             advantages = gae_advantages(vs, values, batch.valid)
 
+    if isinstance(optimizer, PolicyAdam):
+        optimizer.check()  # its flat buffer still holds the policy's parameters
+    if policy.state_size:
+        stats = _sequence_minibatches(policy, optimizer, cfg, batch, net_obs, advantages, vs,
+                                      once)
+        stats["losses/explained_variance"] = _explained_variance(
+            values[:-1].reshape(-1)[keep], vs.reshape(-1)[keep])
+        stats["charts/samples_trained"] = float(size)
+        return stats
+
     # Flatten the valid steps into one training set.
     b_obs = tree_map(lambda o: o[: t_len * n][keep], net_obs)
     b_actions = flat_actions[keep]
@@ -127,8 +146,6 @@ def ppo_update_async(
     b_values = values[:-1].reshape(-1)[keep]
     mb_size = max(1, size // cfg.minibatches)
 
-    if isinstance(optimizer, PolicyAdam):
-        optimizer.check()  # its flat buffer still holds the policy's parameters
     steps = MLPMinibatchSteps.for_policy(policy, optimizer, cfg)
     if steps is not None:  # the built-in MLP on CPU: the same maths without autograd
         stats = steps.train(b_obs, b_actions, b_logprobs, b_advantages, b_returns, mb_size)
@@ -140,68 +157,132 @@ def ppo_update_async(
     return stats
 
 
+class _Minibatches:
+    """The optimiser's side of cfg.epochs passes of minibatch steps through autograd,
+    flat (`_autograd_minibatches`) or by env sequences (`_sequence_minibatches`): one
+    step's loss, clip and update, and the statistics `ppo_update_async` reports (the
+    last minibatch's losses, as CleanRL reports them, and the mean clip fraction)."""
+
+    def __init__(self, policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings,
+                 device: torch.device) -> None:
+        self.optimizer, self.cfg = optimizer, cfg
+        # What the optimizer steps (PolicyAdam: one flat tensor), not walked per minibatch.
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.actor = policy.actor_parameters()
+        self.actor_square: torch.Tensor | None = None
+        self.grad_norm: torch.Tensor | None = None
+        # Statistics stay on the device: the last minibatch's losses and the clip
+        # fraction summed over all minibatches.
+        self.clipfrac_sum = torch.zeros((), device=device)
+        self.count = 0
+        self.last: tuple | None = None
+
+    def step(self, dist: ActionDistribution, new_value: torch.Tensor, actions: torch.Tensor,
+             logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+             mask: torch.Tensor | None = None) -> None:
+        """One minibatch step; `mask` picks the rows of `dist`, `new_value` and
+        `actions` to train on (the others' `logprobs`, `advantages` and `returns` are
+        left out already)."""
+        cfg = self.cfg
+        new_logp = dist.log_prob(actions)
+        if mask is not None:
+            new_logp, new_value = new_logp[mask], new_value[mask]
+        logratio = new_logp - logprobs
+        ratio = logratio.exp()
+        with torch.no_grad():
+            self.clipfrac_sum += ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+            self.count += 1
+
+        if len(advantages) > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        pg_loss = torch.max(
+            -advantages * ratio,
+            -advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
+        ).mean()
+        v_loss = 0.5 * (new_value - returns).square().mean()
+        loss = pg_loss + cfg.vf_coef * v_loss
+        if cfg.ent_coef:  # (a zero coefficient: the entropy is only reported, below)
+            loss = loss - cfg.ent_coef * _entropy(dist, mask).mean()
+
+        self.optimizer.zero_grad()
+        loss.backward()
+        if self.actor is not None:
+            self.actor_square = torch.stack([p.grad.square().sum() for p in self.actor
+                                             if p.grad is not None]).sum()
+        self.grad_norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        self.optimizer.step()
+        # `dist` and `logratio` hold what the policy computed before this step.
+        self.last = (pg_loss, v_loss, ratio, logratio, dist, mask)
+
+    def stats(self) -> dict[str, torch.Tensor | float]:
+        stats: dict[str, torch.Tensor | float] = {}
+        if self.last is not None:
+            pg_loss, v_loss, ratio, logratio, dist, mask = self.last
+            with torch.no_grad():
+                stats = {"losses/policy_loss": pg_loss.detach(),
+                         "losses/value_loss": v_loss.detach(),
+                         "losses/entropy": _entropy(dist, mask).mean(),
+                         "losses/approx_kl": ((ratio - 1) - logratio).mean()}
+        stats["losses/clipfrac"] = self.clipfrac_sum / max(self.count, 1)
+        if self.grad_norm is not None:
+            stats.update(gradient_stats(self.grad_norm, self.actor_square))
+        return stats
+
+
+def _entropy(dist: ActionDistribution, mask: torch.Tensor | None) -> torch.Tensor:
+    entropy = dist.entropy()
+    return entropy if mask is None else entropy[mask]
+
+
 def _autograd_minibatches(
     policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings,
     b_obs: Obs, b_actions: torch.Tensor, b_logprobs: torch.Tensor,
     b_advantages: torch.Tensor, b_returns: torch.Tensor, mb_size: int, preprocessed: bool,
 ) -> dict[str, torch.Tensor | float]:
-    """cfg.epochs passes of minibatch steps through autograd; the statistics as
-    `ppo_update_async` reports them."""
+    """cfg.epochs passes of minibatch steps through autograd over the flat valid steps."""
     size = b_actions.shape[0]
-    device = b_actions.device
-    # Statistics stay on the device: the last minibatch's losses and the clip fraction
-    # summed over all minibatches. Per minibatch, only what the step needs is computed.
-    clipfrac_sum = torch.zeros((), device=device)
-    # What the optimizer steps (PolicyAdam: one flat tensor), not walked per minibatch.
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    actor = policy.actor_parameters()
-    actor_square = grad_norm = None
-    minibatch_count = 0
+    steps = _Minibatches(policy, optimizer, cfg, b_actions.device)
     for _ in range(cfg.epochs):
-        b_inds = torch.randperm(size, device=device)
+        b_inds = torch.randperm(size, device=b_actions.device)
         for start in range(0, size, mb_size):
             mb_inds = b_inds[start : start + mb_size]
             dist, new_value = policy(tree_map(lambda o: o[mb_inds], b_obs),  # noqa: B023
                                      preprocessed=preprocessed)
-            new_logp = dist.log_prob(b_actions[mb_inds])
-            logratio = new_logp - b_logprobs[mb_inds]
-            ratio = logratio.exp()
-            with torch.no_grad():
-                clipfrac_sum += ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
-                minibatch_count += 1
+            steps.step(dist, new_value, b_actions[mb_inds], b_logprobs[mb_inds],
+                       b_advantages[mb_inds], b_returns[mb_inds])
+    return steps.stats()
 
-            mb_adv = b_advantages[mb_inds]
-            if len(mb_inds) > 1:
-                mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-            pg_loss = torch.max(
-                -mb_adv * ratio, -mb_adv * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
-            ).mean()
-            v_loss = 0.5 * (new_value - b_returns[mb_inds]).square().mean()
-            loss = pg_loss + cfg.vf_coef * v_loss
-            if cfg.ent_coef:  # (a zero coefficient: the entropy is only reported, below)
-                loss = loss - cfg.ent_coef * dist.entropy().mean()
 
-            optimizer.zero_grad()
-            loss.backward()
-            if actor is not None:
-                actor_square = torch.stack([p.grad.square().sum() for p in actor
-                                            if p.grad is not None]).sum()
-            grad_norm = nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            optimizer.step()
-
-    # The last minibatch's statistics, as CleanRL reports them (`dist` and `logratio`
-    # hold what the policy computed before that minibatch's step).
-    stats: dict[str, torch.Tensor | float] = {}
-    if minibatch_count:
-        with torch.no_grad():
-            stats = {
-                "losses/policy_loss": pg_loss.detach(),
-                "losses/value_loss": v_loss.detach(),
-                "losses/entropy": dist.entropy().mean(),
-                "losses/approx_kl": ((ratio - 1) - logratio).mean(),
-            }
-    stats["losses/clipfrac"] = clipfrac_sum / max(minibatch_count, 1)
-    if grad_norm is not None:
-        stats.update(gradient_stats(grad_norm, actor_square))
-    return stats
-
+def _sequence_minibatches(
+    policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings, batch: Batch,
+    net_obs: Obs, advantages: torch.Tensor, returns: torch.Tensor, preprocessed: bool,
+) -> dict[str, torch.Tensor | float]:
+    """A recurrent policy's cfg.epochs passes: minibatches of whole env columns, each
+    replayed as a T-step sequence from its fragment's state (truncated BPTT, the state
+    zeroed at episode starts), the loss over its valid steps (CleanRL's
+    ppo_atari_lstm)."""
+    t_len, n = batch.rewards.shape
+    assert batch.starts is not None and batch.initial_state is not None
+    device = batch.rewards.device
+    # [T * N, ...] time-major -> [T, N, ...], so a minibatch takes env columns.
+    steps_obs = tree_map(lambda o: o[: t_len * n].reshape(t_len, n, *o.shape[1:]), net_obs)
+    actions = batch.actions
+    starts, state = batch.starts[:t_len], batch.initial_state[0]
+    envs_per_minibatch = max(1, n // cfg.minibatches)
+    steps = _Minibatches(policy, optimizer, cfg, device)
+    for _ in range(cfg.epochs):
+        columns = torch.randperm(n, device=device)
+        for start in range(0, n, envs_per_minibatch):
+            cols = columns[start : start + envs_per_minibatch]
+            mb_obs = tree_map(lambda o: o[:, cols].reshape(-1, *o.shape[2:]),  # noqa: B023
+                              steps_obs)
+            dist, new_value, _ = policy.sequence(mb_obs, starts[:, cols], state[cols],
+                                                 preprocessed=preprocessed)
+            valid = batch.valid[:, cols].reshape(-1)
+            if not bool(valid.any()):
+                continue
+            steps.step(dist, new_value, actions[:, cols].reshape(-1, *actions.shape[2:]),
+                       batch.logprobs[:, cols].reshape(-1)[valid],
+                       advantages[:, cols].reshape(-1)[valid],
+                       returns[:, cols].reshape(-1)[valid], mask=valid)
+    return steps.stats()

@@ -53,7 +53,7 @@ class Hello(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., num_envs: _Optional[int] = ..., fragment_length: _Optional[int] = ..., env: _Optional[str] = ..., observation_space: _Optional[str] = ..., action_space: _Optional[str] = ..., inference: _Optional[str] = ..., env_groups: _Optional[int] = ..., normalize_rewards: _Optional[bool] = ..., reward_norm_gamma: _Optional[float] = ..., reward_clip: _Optional[float] = ...) -> None: ...
 
 class Fragment(_message.Message):
-    __slots__ = ("worker_id", "incarnation", "sequence", "policy_version", "observations", "actions", "rewards", "terminated", "truncated", "logprobs", "valid", "episode_returns", "episode_lengths", "collect_seconds", "wait_seconds", "env_faults", "episodes_aborted", "observation_leaves")
+    __slots__ = ("worker_id", "incarnation", "sequence", "policy_version", "observations", "actions", "rewards", "terminated", "truncated", "logprobs", "valid", "episode_returns", "episode_lengths", "collect_seconds", "wait_seconds", "env_faults", "episodes_aborted", "observation_leaves", "starts", "initial_state")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,8 @@ class Fragment(_message.Message):
     ENV_FAULTS_FIELD_NUMBER: _ClassVar[int]
     EPISODES_ABORTED_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_LEAVES_FIELD_NUMBER: _ClassVar[int]
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_STATE_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     incarnation: str
     sequence: int
@@ -90,7 +92,9 @@ class Fragment(_message.Message):
     env_faults: int
     episodes_aborted: int
     observation_leaves: _containers.RepeatedCompositeFieldContainer[NamedArray]
-    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., logprobs: _Optional[_Union[NDArray, _Mapping]] = ..., valid: _Optional[_Union[NDArray, _Mapping]] = ..., episode_returns: _Optional[_Union[NDArray, _Mapping]] = ..., episode_lengths: _Optional[_Union[NDArray, _Mapping]] = ..., collect_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., env_faults: _Optional[int] = ..., episodes_aborted: _Optional[int] = ..., observation_leaves: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ...) -> None: ...
+    starts: NDArray
+    initial_state: NDArray
+    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., logprobs: _Optional[_Union[NDArray, _Mapping]] = ..., valid: _Optional[_Union[NDArray, _Mapping]] = ..., episode_returns: _Optional[_Union[NDArray, _Mapping]] = ..., episode_lengths: _Optional[_Union[NDArray, _Mapping]] = ..., collect_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., env_faults: _Optional[int] = ..., episodes_aborted: _Optional[int] = ..., observation_leaves: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ..., starts: _Optional[_Union[NDArray, _Mapping]] = ..., initial_state: _Optional[_Union[NDArray, _Mapping]] = ...) -> None: ...
 
 class EnvStep(_message.Message):
     __slots__ = ("group", "step", "observations", "rewards", "terminated", "truncated", "faulted", "step_seconds", "observation_leaves")

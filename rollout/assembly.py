@@ -32,10 +32,16 @@ class FragmentBuilder:
     """Episode state of `num_envs` envs across fragments, and the fragment being filled."""
 
     def __init__(self, num_envs: int, length: int, obs_layout: ObsLayout,
-                 action_shape: tuple[int, ...], action_dtype: np.dtype, first_obs: Obs
-                 ) -> None:
+                 action_shape: tuple[int, ...], action_dtype: np.dtype, first_obs: Obs,
+                 state_size: int = 0) -> None:
         self.num_envs, self.length = num_envs, length
         self.obs_layout = obs_layout
+        self.state_size = state_size
+        self.state = np.zeros((num_envs, state_size), np.float32) if state_size else None
+        """A recurrent policy's hidden state per env, as it stands before the next step
+        (the caller sets it with each `record`); None for a feed-forward policy."""
+        self.starting = np.ones(num_envs, dtype=bool)
+        """Which envs' `obs` begins an episode: their hidden state is zero before it."""
         self.action_shape, self.action_dtype = action_shape, action_dtype
         self.obs = first_obs
         """What the next actions are chosen from: the envs' newest observations."""
@@ -61,15 +67,25 @@ class FragmentBuilder:
         self._lengths: list[int] = []
         self._episode_row = np.zeros(n, dtype=np.int64)  # first row of each env's episode
         self._faults = self._aborted = 0
+        if self.state is not None:  # the sequence this fragment replays starts here
+            self._starts = np.empty((t_len + 1, n), dtype=bool)
+            self._initial_state = self.state[None].copy()
 
-    def record(self, actions: np.ndarray, logprobs: np.ndarray, result: StepResult
-               ) -> FragmentArrays | None:
+    def record(self, actions: np.ndarray, logprobs: np.ndarray, result: StepResult,
+               state: np.ndarray | None = None) -> FragmentArrays | None:
         """Record one step: `actions` (as sampled, before any env mapping) chosen from
-        `self.obs` with `logprobs`, and `result`, what the envs returned. Returns the
-        fragment once it holds `length` steps (and starts the next one), else None."""
+        `self.obs` with `logprobs`, and `result`, what the envs returned; a recurrent
+        policy's `state` is its hidden state after choosing them. Returns the fragment
+        once it holds `length` steps (and starts the next one), else None."""
         t = self.t
         valid = ~self.autoreset
         _put(self._obs, t, self.obs)
+        if self.state is not None:
+            assert state is not None, "a recurrent policy's step gives its new state"
+            self._starts[t] = self.starting
+            self.state = state
+        # A reset step (or a recreated env) returns the first observation of an episode.
+        self.starting = ~valid | result.faulted
         self._valid[t] = valid
         self._episode_row[self.autoreset] = t + 1
         self._actions[t], self._logprobs[t] = actions, logprobs
@@ -111,6 +127,10 @@ class FragmentBuilder:
         _put(self._obs, self.length, self.obs)
         self.total_faults += self._faults
         self.total_aborted += self._aborted
+        recurrent = {}
+        if self.state is not None:
+            self._starts[self.length] = self.starting
+            recurrent = {"starts": self._starts, "initial_state": self._initial_state}
         fragment = FragmentArrays(
             observations=self._obs,
             actions=self._actions,
@@ -124,6 +144,7 @@ class FragmentBuilder:
             collect_seconds=time.perf_counter() - self.started,
             env_faults=self._faults,
             episodes_aborted=self._aborted,
+            **recurrent,
         )
         self._begin()
         return fragment
@@ -142,7 +163,7 @@ def join_groups(parts: list[FragmentArrays]) -> FragmentArrays:
         return parts[0]
     steps = {name: tree_map(lambda *arrays: np.concatenate(arrays, axis=1),
                             *(getattr(p, name) for p in parts))
-             for name in STEP_FIELDS}
+             for name in STEP_FIELDS if getattr(parts[0], name) is not None}
     return FragmentArrays(
         **steps,
         episode_returns=np.concatenate([p.episode_returns for p in parts]),

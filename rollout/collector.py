@@ -37,7 +37,7 @@ class Collector:
         action_space = envs.single_action_space
         self.builder = FragmentBuilder(
             envs.num_envs, length, self.stepper.layout, action_shape(action_space),
-            action_dtype(action_space), self.stepper.reset(seed))
+            action_dtype(action_space), self.stepper.reset(seed), policy.state_size)
 
     @property
     def envs(self) -> gym.vector.VectorEnv:
@@ -70,9 +70,14 @@ class Collector:
         while True:
             if cancelled is not None and cancelled():
                 return None
-            actions, logprobs = self.policy.act(self.builder.obs)
+            builder, state = self.builder, None
+            if builder.state is not None:  # a recurrent policy: each env's memory
+                actions, logprobs, state = self.policy.act_recurrent(
+                    builder.obs, builder.state, builder.starting)
+            else:
+                actions, logprobs = self.policy.act(builder.obs)
             result = self.stepper.step(self.policy.env_actions(actions))
-            fragment = self.builder.record(actions, logprobs, result)
+            fragment = builder.record(actions, logprobs, result, state)
             if fragment is not None:
                 fragment.collect_seconds = time.perf_counter() - start
                 return fragment

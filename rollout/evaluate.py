@@ -72,9 +72,17 @@ class TrainedPolicy:
     action_space: gym.Space
     metadata: dict[str, str]
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether the policy has a memory: then `act` takes and returns its state."""
+        return self.policy.state_size > 0
+
     @torch.no_grad()
-    def act(self, obs: Any, deterministic: bool = False) -> np.ndarray:
+    def act(self, obs: Any, deterministic: bool = False, state: np.ndarray | None = None
+            ) -> Any:
         """Actions as the env takes them (Box actions clipped and rescaled to its bounds).
+        A recurrent policy (--recurrent) returns (actions, state): pass that state with
+        the next observation, and None at an episode's start.
 
         Args:
             obs: one observation, shaped like the observation space, or a batch
@@ -83,9 +91,12 @@ class TrainedPolicy:
                 first), or {path: array} of its leaves.
             deterministic: the most likely action (argmax, or the Gaussian's mean)
                 instead of a sample.
+            state: a recurrent policy's state from the previous call ([B, S], or [S]
+                for one observation); None starts an episode.
 
         Returns:
-            One action for one observation, or a batch of B actions.
+            One action for one observation, or a batch of B actions; with a recurrent
+            policy, and its new state.
 
         Raises:
             ValueError: obs has neither shape.
@@ -101,10 +112,21 @@ class TrainedPolicy:
                 raise ValueError(f"act takes one observation of shape {shape} or a batch of "
                                  f"shape (B, {', '.join(map(str, shape))}); got {array.shape}")
             tree = array[None] if single else array
-        dist, _ = self.policy(tree_map(torch.from_numpy, tree))
+        obs_tensors = tree_map(torch.from_numpy, tree)
+        new_state = None
+        if self.recurrent:
+            n = len(leaves(tree)[0])
+            starts = torch.full((1, n), state is None)
+            before = (torch.zeros(n, self.policy.state_size) if state is None
+                      else torch.as_tensor(np.asarray(state, np.float32)).reshape(n, -1))
+            dist, _, after = self.policy.sequence(obs_tensors, starts, before)
+            new_state = after.numpy()[0] if single else after.numpy()
+        else:
+            dist, _ = self.policy(obs_tensors)
         raw = dist.mode() if deterministic else dist.sample()
         actions = in_space_dtype(self.policy.env_actions(raw.numpy()), self.action_space)
-        return actions[0] if single else actions
+        chosen = actions[0] if single else actions
+        return (chosen, new_state) if self.recurrent else chosen
 
     def _leaves(self, obs: Any) -> tuple[dict[str, np.ndarray], bool]:
         """A nested observation (or batch) as a batch of leaves in their dtypes, and
@@ -240,9 +262,13 @@ def _play(env: gym.Env, trained: TrainedPolicy, episodes: int, deterministic: bo
     returns, lengths = [], []
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
-        total, steps, done = 0.0, 0, False
+        total, steps, done, state = 0.0, 0, False, None
         while not done:
-            obs, reward, terminated, truncated, _ = env.step(trained.act(obs, deterministic))
+            if trained.recurrent:  # its memory carried through the episode
+                action, state = trained.act(obs, deterministic, state)
+            else:
+                action = trained.act(obs, deterministic)
+            obs, reward, terminated, truncated, _ = env.step(action)
             total, steps = total + float(reward), steps + 1
             done = terminated or truncated
         returns.append(total)

@@ -37,16 +37,27 @@ ArrayT = TypeVar("ArrayT")
 
 @dataclasses.dataclass(frozen=True)
 class StepLayout:
-    """How one per-step array is shaped: T rows (T + 1 with `extra_row`), N envs, then
-    the observation's or the action's shape and dtype (`like`) or nothing and `dtype`."""
+    """How one per-step array is shaped: T rows (T + 1 with `extra_row`, or `rows`), N
+    envs, then the observation's, the action's or the recurrent state's shape and dtype
+    (`like`), or nothing and `dtype`. A `recurrent` array is there only when the policy
+    is (None otherwise, and absent from the wire)."""
 
     dtype: type | None = None
-    like: str | None = None  # "observation" or "action": as the stream's Hello announced
+    like: str | None = None  # "observation", "action" or "state": from the learner's own
     extra_row: bool = False
+    rows: int = 0
+    recurrent: bool = False
 
 
 def _step(dtype: type | None = None, like: str | None = None, extra_row: bool = False):
     return dataclasses.field(metadata={"step": StepLayout(dtype, like, extra_row)})
+
+
+def _recurrent(dtype: type | None = None, like: str | None = None, extra_row: bool = False,
+               rows: int = 0):
+    # keyword-only with a default, so feed-forward code never names these fields
+    return dataclasses.field(default=None, kw_only=True, metadata={
+        "step": StepLayout(dtype, like, extra_row, rows, recurrent=True)})
 
 
 def _episodes():
@@ -71,6 +82,13 @@ class Steps(Generic[ArrayT]):
     """The behaviour policy's log-probability of each action (for the importance ratios)."""
     valid: ArrayT = _step(np.bool_)
     """False on reset steps and on the steps of aborted episodes: never trained on."""
+    starts: ArrayT | None = _recurrent(np.bool_, extra_row=True)
+    """[T+1, N], recurrent policies only: observation t begins an episode (the first
+    after a reset, or after a fault recreated the env), so the hidden state is zero
+    before it."""
+    initial_state: ArrayT | None = _recurrent(like="state", rows=1)
+    """[1, N, S] float32, recurrent policies only: each env's hidden state before step 0,
+    so the learner replays the fragment's sequence exactly (zeroed where starts[0])."""
 
 
 @dataclasses.dataclass
@@ -111,13 +129,19 @@ def expected_steps(
     obs_layout: ObsLayout,
     action_shape: tuple[int, ...],
     action_dtype: np.dtype,
+    state_size: int = 0,
 ) -> dict[str, Any]:
     """Shape and dtype of every step array of a fragment of `length` steps of `num_envs`
-    (for observations, per leaf of a nested space: `obs_layout.expected`)."""
+    (for observations, per leaf of a nested space: `obs_layout.expected`); the recurrent
+    arrays are None (must be absent) unless the policy keeps `state_size` numbers per env."""
     out: dict[str, Any] = {}
     for name, layout in _LAYOUTS.items():
-        rows = length + 1 if layout.extra_row else length
-        if layout.like == "observation":
+        rows = layout.rows or (length + 1 if layout.extra_row else length)
+        if layout.recurrent and not state_size:
+            out[name] = None
+        elif layout.like == "state":
+            out[name] = ((rows, num_envs, state_size), np.dtype(np.float32))
+        elif layout.like == "observation":
             out[name] = obs_layout.expected(rows, num_envs)
         elif layout.like == "action":
             out[name] = ((rows, num_envs, *action_shape), np.dtype(action_dtype))
@@ -132,6 +156,8 @@ def flat_steps(steps: Steps) -> dict[str, Any]:
     out = {}
     for name in STEP_FIELDS:
         value = getattr(steps, name)
+        if value is None:  # a feed-forward policy's recurrent arrays
+            continue
         if isinstance(value, dict):
             out.update({f"{name}{SEPARATOR}{leaf}": array for leaf, array in value.items()})
         else:
@@ -223,6 +249,8 @@ def serialize(
     parts: list[bytes | memoryview] = [head]
     for name, number in _ARRAY_NUMBERS.items():
         value = getattr(arrays, name)
+        if value is None:  # a feed-forward policy's recurrent arrays: not sent
+            continue
         if isinstance(value, dict):  # a nested space's observation leaves
             for leaf, array in value.items():
                 label = hetrl_pb2.NamedArray(name=leaf).SerializeToString()
@@ -255,6 +283,8 @@ def to_message(arrays: FragmentArrays, *header: Any, **named: Any) -> hetrl_pb2.
     fields: dict[str, Any] = {}
     for name in ARRAY_FIELDS:
         value = getattr(arrays, name)
+        if value is None:
+            continue
         if isinstance(value, dict):
             fields["observation_leaves"] = wire.encode_named(value)
         else:
@@ -310,6 +340,15 @@ def from_message(message: hetrl_pb2.Fragment, expected: dict[str, Any]) -> Recei
     for name in ARRAY_FIELDS:
         if name == "observations":
             continue
+        if name in expected and expected[name] is None:  # recurrent arrays, not expected
+            if message.HasField(name):
+                raise WireFormatError(f"fragment {name} from a recurrent policy; this "
+                                      "learner's policy is feed-forward (--recurrent)")
+            decoded[name] = None
+            continue
+        if name in expected and not message.HasField(name):
+            raise WireFormatError(f"fragment without {name}: is the worker's policy "
+                                  "feed-forward? This learner's is recurrent (--recurrent)")
         array = wire.decode(getattr(message, name))
         decoded[name] = (checked(array, expected[name], f"fragment {name}")
                          if name in expected else array)

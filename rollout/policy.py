@@ -193,6 +193,73 @@ class MultiInputActorCritic(nn.Module):
         return self.actor(joined), self.critic(joined).squeeze(-1)
 
 
+class RecurrentActorCritic(nn.Module):
+    """The built-in network with a memory (--recurrent lstm|gru), CleanRL's
+    ppo_atari_lstm layout: the observation's features (flat, or a nested space's leaves
+    joined as `MultiInputActorCritic` joins them) through one layer of
+    hidden_sizes[0], an LSTM or GRU cell of --rnn-size, then actor and critic MLPs over
+    the rest of hidden_sizes. The hidden state is [B, S] floats (an LSTM's h and c side
+    by side), zeroed before every observation that starts an episode."""
+
+    def __init__(self, layout: ObsLayout, head_dim: int, settings: PolicySettings) -> None:
+        super().__init__()
+        self.layout = layout
+        self.images = nn.ModuleDict({_module_key(leaf.name): ImageEncoder(leaf.shape)
+                                     for leaf in layout.leaves
+                                     if layout.nested and leaf.encoding == IMAGE})
+        width = sum(ImageEncoder.FEATURES if _module_key(leaf.name) in self.images
+                    else leaf.width for leaf in layout.leaves)
+        act = {"tanh": nn.Tanh, "relu": nn.ReLU}[settings.activation]
+        first, rest = settings.hidden_sizes[0], settings.hidden_sizes[1:]
+        self.encoder = nn.Sequential(_layer(width, first, math.sqrt(2)), act())
+        self.lstm = settings.recurrent == "lstm"
+        self.rnn_size = settings.rnn_size
+        self.core = (nn.LSTMCell if self.lstm else nn.GRUCell)(first, settings.rnn_size)
+        for name, param in self.core.named_parameters():
+            if "bias" in name:
+                nn.init.zeros_(param)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+        self.state_size = settings.rnn_size * (2 if self.lstm else 1)
+        self.actor = _mlp(settings.rnn_size, rest, head_dim, act, 0.01)
+        self.critic = _mlp(settings.rnn_size, rest, 1, act, 1.0)
+
+    def _features(self, obs: Obs) -> torch.Tensor:
+        if not self.layout.nested:
+            return obs.flatten(1)
+        return torch.cat([self.images[_module_key(leaf.name)](obs[leaf.name])
+                          if _module_key(leaf.name) in self.images
+                          else obs[leaf.name].flatten(1) for leaf in self.layout.leaves], 1)
+
+    def sequence(self, obs: Obs, starts: torch.Tensor, state: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Heads and values of T steps of B envs (`obs` [T * B, ...], time-major),
+        from `state` [B, S] with the state zeroed where `starts` [T, B]; and the
+        state after the last step."""
+        t_len, n = starts.shape
+        x = self.encoder(self._features(obs)).reshape(t_len, n, -1)
+        keep = (~starts).to(x.dtype).unsqueeze(-1)
+        outputs = []
+        for t in range(t_len):
+            state = state * keep[t]
+            if self.lstm:
+                h, c = self.core(x[t], tuple(state.split(self.rnn_size, 1)))
+                state = torch.cat([h, c], 1)
+            else:
+                h = state = self.core(x[t], state)
+            outputs.append(h)
+        out = torch.cat(outputs)
+        return self.actor(out), self.critic(out).squeeze(-1), state
+
+    def forward(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step from a zero state (what a feed-forward caller, e.g. `hetrl plan`, gets)."""
+        n = len(obs) if not isinstance(obs, dict) else len(next(iter(obs.values())))
+        device = next(self.parameters()).device
+        head, value, _ = self.sequence(obs, torch.ones(1, n, dtype=torch.bool, device=device),
+                                       torch.zeros(n, self.state_size, device=device))
+        return head, value
+
+
 def _encode_leaf(leaf: Leaf, x: torch.Tensor, rms: RunningMeanStd | None) -> torch.Tensor:
     """One leaf as every network receives it: float, an image in [0, 1], a choice
     one-hot ([B, sum of its sizes]), a vector normalised when statistics are kept."""
@@ -256,7 +323,10 @@ class Policy(nn.Module):
             for leaf in self.obs_layout.leaves if nested else ():
                 if leaf.normalized:
                     self.leaf_rms[_module_key(leaf.name)] = RunningMeanStd(leaf.shape)
-        if settings.policy:
+        self.net: nn.Module
+        if settings.recurrent != "none":
+            self.net = RecurrentActorCritic(self.obs_layout, head_dim, settings)
+        elif settings.policy:
             self.net = _load_custom(settings.policy, observation_space, action_space)
         elif nested:
             self.net = MultiInputActorCritic(self.obs_layout, head_dim, settings)
@@ -273,7 +343,8 @@ class Policy(nn.Module):
         """The parameters that shape the action distribution alone (the built-in MLP's
         actor and the Gaussian's log-std), for the actor's share of the gradient; None
         for a custom --policy, whose parts hetrl cannot tell apart."""
-        if not isinstance(self.net, (MLPActorCritic, MultiInputActorCritic)):
+        if not isinstance(self.net, (MLPActorCritic, MultiInputActorCritic,
+                                     RecurrentActorCritic)):
             return None
         extra = [self.log_std] if hasattr(self, "log_std") else []
         return [*self.net.actor.parameters(), *extra]
@@ -331,6 +402,33 @@ class Policy(nn.Module):
                 ) -> tuple[ActionDistribution, torch.Tensor]:
         head, value = self.heads(obs, preprocessed)
         return self.distribution(head), value
+
+    @property
+    def state_size(self) -> int:
+        """Numbers of hidden state per env (0: a feed-forward policy)."""
+        return self.net.state_size if isinstance(self.net, RecurrentActorCritic) else 0
+
+    def sequence(self, obs: Obs, starts: torch.Tensor, state: torch.Tensor,
+                 preprocessed: bool = False
+                 ) -> tuple[ActionDistribution, torch.Tensor, torch.Tensor]:
+        """A recurrent policy over T steps of B envs (`obs` [T * B, ...] time-major,
+        `starts` [T, B], `state` [B, S] before the first): the action distribution
+        and value of every step, and the state after the last."""
+        assert isinstance(self.net, RecurrentActorCritic)
+        head, value, state = self.net.sequence(obs if preprocessed else self.preprocess(obs),
+                                               starts, state)
+        return self.distribution(head), value, state
+
+    @torch.no_grad()
+    def act_recurrent(self, obs: Obs, state: np.ndarray, starts: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`act` for a recurrent policy: sample from each env's state (zeroed where
+        `starts`); return (actions, log-probs, the new states)."""
+        dist, _, new_state = self.sequence(tree_map(torch.from_numpy, obs),
+                                           torch.from_numpy(starts)[None],
+                                           torch.from_numpy(state))
+        actions = dist.sample()
+        return actions.numpy(), dist.log_prob(actions).numpy(), new_state.numpy()
 
     @torch.no_grad()
     def act(self, obs: Obs) -> tuple[np.ndarray, np.ndarray]:

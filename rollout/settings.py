@@ -67,6 +67,14 @@ class PolicySettings:
     normalize_observations: bool = True
     """Normalize float observations with running mean/std kept in the policy's buffers
     (uint8 observations are scaled to [0, 1] instead)."""
+    recurrent: Literal["none", "lstm", "gru"] = "none"
+    """A memory for partly observed envs: an LSTM or GRU core between the built-in
+    network's encoder and its actor and critic heads. Workers (and central inference)
+    carry each env's hidden state, zeroed at every episode start; each fragment carries
+    its starting state, and the learner replays the fragment as a sequence (truncated
+    BPTT over --fragment-length steps)."""
+    rnn_size: int = 128
+    """Width of the recurrent core (--recurrent lstm or gru)."""
     inference: Literal["worker", "central"] = "worker"
     """Where actions are chosen: worker (each worker runs a CPU copy of the policy and
     sends whole fragments; weights go out after every update) or central (workers only
@@ -78,6 +86,12 @@ class PolicySettings:
     def __post_init__(self) -> None:
         require(self.inference in ("worker", "central"),
                 f"--inference must be worker or central, got {self.inference!r}")
+        require(self.recurrent in ("none", "lstm", "gru"),
+                f"--recurrent must be none, lstm or gru, got {self.recurrent!r}")
+        require(self.rnn_size > 0, f"--rnn-size must be positive, got {self.rnn_size}")
+        require(self.recurrent == "none" or not self.policy,
+                "--recurrent builds hetrl's own network around a memory; a custom --policy "
+                "is called as a feed-forward module: leave out one of the two")
         self.hidden_sizes = tuple(self.hidden_sizes)
         # Empty would build a linear policy; a bare --hidden-sizes gives it silently, so it
         # is refused (a linear policy is a custom --policy).

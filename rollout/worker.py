@@ -277,7 +277,10 @@ def _check_fragment_size(settings: WorkerSettings, obs_space, act_space) -> None
     obs_bytes = (t_len + 1) * n * ObsLayout.of(obs_space).nbytes
     # actions (int64 or float32 each), reward, logprob (f4), three bool flags
     step_bytes = t_len * n * (8 * math.prod(act_space.shape or ()) + 4 + 4 + 3)
-    size = obs_bytes + step_bytes
+    # a recurrent policy's episode starts and state before step 0
+    state_bytes = (t_len + 1 + 4 * 2 * settings.rnn_size) * n if settings.recurrent != "none" \
+        else 0
+    size = obs_bytes + step_bytes + state_bytes
     if size > MAX_MESSAGE_BYTES * 0.9:
         raise ConfigError(
             f"a fragment of {t_len} steps x {n} envs is about {size >> 20} MiB, over the "

@@ -49,15 +49,16 @@ def hetrl(*args: str, **kwargs) -> subprocess.Popen:
 
 
 def learns_and_plays(out: Path, env: str, inference: str, steps: int, threshold: float,
-                     random_play: float) -> None:
-    """`hetrl local` (2 workers x 8 envs, seed 1) trains `env` to mean(100) >= threshold
-    within `steps` (central inference keeping lag 0 or 1), and the kept best policy
-    plays 5 deterministic episodes at that bar through `load_policy`."""
+                     random_play: float, **settings) -> None:
+    """`hetrl local` (2 workers x 8 envs, seed 1, and `settings`) trains `env` to
+    mean(100) >= threshold within `steps` (central inference keeping lag 0 or 1), and
+    the kept best policy plays 5 deterministic episodes at that bar through `load_policy`."""
     from hetrl.launch import run_local
     from hetrl.rollout.evaluate import evaluate, load_policy
 
     result = run_local(env=env, workers=2, envs_per_worker=8, total_steps=steps, seed=1,
-                       inference=inference, out=str(out), progress=False, report=False)
+                       inference=inference, out=str(out), progress=False, report=False,
+                       **settings)
     assert result.ok, result.summary
     assert result.summary["mean_return_100"] >= threshold, (
         f"{env} ({inference} inference) ended at {result.summary['mean_return_100']:.2f}, "

@@ -67,8 +67,10 @@ def test_a_worker_that_keeps_delivering_is_restarted_however_often_it_dies(
         _poll_until(supervisor, 12)  # far past the old budget of 3 for the whole run
         restarts = started[3:]
         assert all(port == 7000 + index + 1 for index, port in restarts)  # the same port
-        assert said[0] == ("worker-0 exited with code 5 (RuntimeError: simulator leaked); "
-                           "restarting it (1 deaths in the last 10 min, 1 in all)")
+        # (worker-1 dies at once too: under load either death may be seen first)
+        assert next(line for line in said if line.startswith("worker-0")) == (
+            "worker-0 exited with code 5 (RuntimeError: simulator leaked); "
+            "restarting it (1 deaths in the last 10 min, 1 in all)")
         # Past 2 in the window, restarts back off.
         assert any(" in 0 s " in line or "restarting it in" in line for line in said), said
     finally:

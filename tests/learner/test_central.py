@@ -120,6 +120,8 @@ def test_central_assembly_cuts_fragments_exactly_as_the_collector_does() -> None
     script = [rng.integers(0, 2, size=4) for _ in range(60)]
 
     class FixedPolicy:
+        state_size = 0  # feed-forward
+
         def __init__(self):
             self.i = 0
 
@@ -146,7 +148,7 @@ def test_central_assembly_cuts_fragments_exactly_as_the_collector_does() -> None
     class Scripted:
         """Answers at once, with the script's actions for the group being driven."""
 
-        def submit(self, observations, reply):
+        def submit(self, observations, reply, memory=None):
             action = per_group[routed_group[0]].pop(0)
             reply(action, np.full(len(observations), -0.5, np.float32), action, 7)
 

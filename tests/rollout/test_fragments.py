@@ -25,13 +25,14 @@ from hetrl.rollout.fragments import (
 from hetrl.rollout.observations import ObsLayout
 
 T, N, OBS, ACT = 4, 3, (2, 5), (2,)
+STATE = 6  # a recurrent policy's state per env: every field is exercised
 # The fragment's fields the definition does not carry: who sent it, with which weights.
 ORIGIN = {"worker_id", "incarnation", "sequence", "policy_version", "wait_seconds"}
 
 
 def make_arrays(seed: int = 0) -> FragmentArrays:
     rng = np.random.default_rng(seed)
-    layout = expected_steps(T, N, ObsLayout.box(OBS, np.float32), ACT, np.float32)
+    layout = expected_steps(T, N, ObsLayout.box(OBS, np.float32), ACT, np.float32, STATE)
     steps = {name: (rng.random(shape) < 0.5 if dtype.kind == "b" else
                     rng.standard_normal(shape).astype(dtype))
              for name, (shape, dtype) in layout.items()}
@@ -42,8 +43,8 @@ def make_arrays(seed: int = 0) -> FragmentArrays:
 
 def decode(raw: bytes):
     message = hetrl_pb2.WorkerMessage.FromString(raw).fragment
-    return from_message(message,
-                        expected_steps(T, N, ObsLayout.box(OBS, np.float32), ACT, np.float32))
+    return from_message(message, expected_steps(T, N, ObsLayout.box(OBS, np.float32), ACT,
+                                                np.float32, STATE))
 
 
 def test_the_definition_is_the_proto_s_fragment() -> None:
@@ -66,7 +67,12 @@ def test_expected_steps_reads_the_layout_of_each_field() -> None:
         "truncated": ((T, N), np.dtype(bool)),
         "logprobs": ((T, N), np.dtype(np.float32)),
         "valid": ((T, N), np.dtype(bool)),
+        "starts": None,  # a feed-forward policy's fragments have no recurrent arrays
+        "initial_state": None,
     }
+    recurrent = expected_steps(T, N, ObsLayout.box(OBS, np.uint8), ACT, np.int64, STATE)
+    assert recurrent["starts"] == ((T + 1, N), np.dtype(bool))
+    assert recurrent["initial_state"] == ((1, N, STATE), np.dtype(np.float32))
 
 
 def test_a_fragment_survives_the_round_trip() -> None:

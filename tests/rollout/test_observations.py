@@ -217,7 +217,7 @@ def test_fuzz_nested_fragments_arrive_whole_or_are_refused(space, t_len, n, seed
                                   if dtype.kind in "iub" else rng.standard_normal(shape
                                                                                   ).astype(dtype))
                            for leaf, (shape, dtype) in shape_dtype.items()}
-        else:
+        elif shape_dtype is not None:  # (a feed-forward policy's recurrent arrays: None)
             shape, dtype = shape_dtype
             steps[name] = rng.integers(0, 2, shape).astype(dtype)
     fragment = FragmentArrays(**steps, episode_returns=np.zeros(1, np.float32),
