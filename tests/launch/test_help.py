@@ -73,7 +73,7 @@ def test_the_other_sections_keep_their_order(capsys, monkeypatch) -> None:
     sections = _sections(_help("local", capsys, monkeypatch))
     assert list(sections) == ["essentials", "env", "run", "algorithm", "policy", "rollout",
                               "evaluation", "checkpoints", "output", "reliability"]
-    assert list(sections["env"]) == ["--env-import"]
+    assert list(sections["env"]) == ["--env-import", "--drop-observations"]
     assert "--startup-timeout" in sections["run"] and "--workers" not in sections["run"]
     assert "--learning-rate" in sections["algorithm"]
     essentials = sections["essentials"]
