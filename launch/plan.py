@@ -54,8 +54,11 @@ class PlanSettings(InstanceTypes, EnvSettings, PolicySettings, RolloutSettings):
 
 
 def measure_core_rate(settings: PlanSettings) -> float:
-    """Env steps per second of one worker on one core (policy inference included)."""
-    import torch  # here, not at the top: the CLI imports this module for its settings
+    """Env steps per second of one worker on one core (policy inference included): per
+    second of this thread's CPU time when the envs step in it (synchronous vector envs),
+    so a busy machine does not read as a slow core; else per second of wall time."""
+    import gymnasium as gym  # here, not at the top: the CLI imports this module for its
+    import torch  # settings
 
     from hetrl.rollout.collector import Collector
     from hetrl.rollout.envs import make_vector_env
@@ -68,10 +71,12 @@ def measure_core_rate(settings: PlanSettings) -> float:
         policy = Policy(envs.single_observation_space, envs.single_action_space, settings)
         collector = Collector(envs, policy, settings.fragment_length, settings.seed)
         collector.collect()  # warm-up: first resets, lazy imports, allocator
-        steps, start = 0, time.perf_counter()
+        clock = (time.thread_time if isinstance(envs, gym.vector.SyncVectorEnv)
+                 else time.perf_counter)
+        steps, start, used = 0, time.perf_counter(), clock()
         while time.perf_counter() - start < settings.measure_seconds:
             steps += collector.collect().rewards.size
-        return steps / (time.perf_counter() - start)
+        return steps / (clock() - used)
     finally:
         envs.close()
         torch.set_num_threads(threads)

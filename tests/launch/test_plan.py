@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hetrl.launch import run_local
@@ -54,19 +56,41 @@ def test_plan_measures_every_action_space(env: str) -> None:
 
 @pytest.mark.slow
 def test_per_core_figure_matches_a_real_run(tmp_path: Path) -> None:
-    # Measured before and after the run, so slow drift in this machine's load cancels.
+    # Both per second of CPU time, the run's from its worker process's own CPU clock,
+    # so that other load on the machine (a busy test suite, two busy loops: in wall time
+    # the two read 1,404 and 903) does not decide the comparison.
     settings = PlanSettings(env="Humanoid-v5", measure_seconds=4.0)
-    before = measure_core_rate(settings)
-    result = run_local(env="Humanoid-v5", workers=1, total_steps=40_000,
-                       out=str(tmp_path / "h"), progress=False)
+    planned = measure_core_rate(settings)
+    worker_cpu: dict[int, float] = {}
+    done = threading.Event()
+
+    def watch() -> None:  # the worker's CPU seconds, read until it exits
+        while not done.wait(0.2):
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    if "hetrl.rollout.worker" in " ".join(child.cmdline()):
+                        cpu = child.cpu_times()
+                        worker_cpu[child.pid] = cpu.user + cpu.system
+                except psutil.Error:
+                    continue
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = run_local(env="Humanoid-v5", workers=1, total_steps=40_000,
+                           out=str(tmp_path / "h"), progress=False, report=False)
+    finally:
+        done.set()
+        watcher.join(5)
     assert result.ok
-    planned = (before + measure_core_rate(settings)) / 2
-    measured = result.summary["global_step"] / result.summary["worker_collect_seconds"]
-    print(f"plan: {planned:,.0f} env steps/s per core; the run's worker: {measured:,.0f}")
+    assert len(worker_cpu) == 1, worker_cpu
+    measured = result.summary["global_step"] / sum(worker_cpu.values())
+    print(f"plan: {planned:,.0f} env steps per CPU second; the run's worker: {measured:,.0f}")
     # The right quantity (one worker's steps with inference, per core), not a precise one:
-    # on a quiet machine they agree within 10%, beside other loads within ~35%; a wrong
-    # quantity (no inference, all cores, env steps without the policy) is off 2x or more.
-    assert abs(planned - measured) / measured < 0.5
+    # the worker's CPU clock also counts its start-up (imports, env creation) and its
+    # sending, so it reads lower; a wrong quantity (no inference, all cores, env steps
+    # without the policy) is off 2x or more.
+    assert 0.5 < measured / planned < 1.25
 
 
 def test_the_learner_is_timed_with_the_update_the_env_s_preset_trains_with() -> None:
