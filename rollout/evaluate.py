@@ -38,7 +38,7 @@ from hetrl.rollout.models import (
     best_info,
     model_file,
 )
-from hetrl.rollout.observations import leaves, tree_map
+from hetrl.rollout.observations import batch_size, leaves, tree_map
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
 from hetrl.rollout.settings import (
     RESULTS_FILE,
@@ -115,7 +115,7 @@ class TrainedPolicy:
         obs_tensors = tree_map(torch.from_numpy, tree)
         new_state = None
         if self.recurrent:
-            n = len(leaves(tree)[0])
+            n = batch_size(tree)
             starts = torch.full((1, n), state is None)
             before = (torch.zeros(n, self.policy.state_size) if state is None
                       else torch.as_tensor(np.asarray(state, np.float32)).reshape(n, -1))

@@ -38,6 +38,7 @@ from hetrl.rollout.observations import (
     Leaf,
     Obs,
     ObsLayout,
+    batch_size,
     tree_map,
 )
 from hetrl.rollout.settings import PolicySettings
@@ -253,7 +254,7 @@ class RecurrentActorCritic(nn.Module):
 
     def forward(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
         """One step from a zero state (what a feed-forward caller, e.g. `hetrl plan`, gets)."""
-        n = len(obs) if not isinstance(obs, dict) else len(next(iter(obs.values())))
+        n = batch_size(obs)
         device = next(self.parameters()).device
         head, value, _ = self.sequence(obs, torch.ones(1, n, dtype=torch.bool, device=device),
                                        torch.zeros(n, self.state_size, device=device))
