@@ -8,7 +8,8 @@ message pushed to workers (`wire.encode_named(policy_arrays(...))`). Samples/s =
 env steps in the batch / seconds of that step; each sample is visited `epochs` times,
 so gradient samples/s is `epochs` times higher. Models: the default MLP (64, 64) on
 Humanoid-v5 and CartPole-v1 observations and `bench.nets:SmallCNN` on (4, 84, 84) uint8
-Pong frames, each with 1 torch thread (hetrl's default) and with every core;
+Pong frames (or the built-in Nature CNN: `--models "nature cnn / Pong 4x84x84 u8"`),
+each with 1 torch thread (hetrl's default) and with every core;
 `--preset continuous --models "mlp / HalfCheetah-v5"` times a MuJoCo run's update.
 Run: `python -m bench.learner_throughput [--quick]`.
 """
@@ -46,6 +47,9 @@ MODELS = {
                           gym.spaces.Discrete(2), ""),
     "cnn / Pong 4x84x84 u8": (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8),
                               gym.spaces.Discrete(6), "bench.nets:SmallCNN"),
+    # the built-in network for pixels (ImageActorCritic, the Nature CNN), as --atari trains
+    "nature cnn / Pong 4x84x84 u8": (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8),
+                                     gym.spaces.Discrete(6), ""),
 }
 
 
@@ -54,7 +58,8 @@ class Settings:
     """Learner throughput: samples/s of hetrl's PPO/V-trace update on CPU."""
 
     models: tuple[str, ...] = ("mlp / Humanoid-v5", "mlp / CartPole-v1", "cnn / Pong 4x84x84 u8")
-    """Which of the built-in model/observation pairs to run (also: mlp / HalfCheetah-v5)."""
+    """Which of the built-in model/observation pairs to run (also: mlp / HalfCheetah-v5,
+    nature cnn / Pong 4x84x84 u8)."""
     preset: Literal["none", "classic", "continuous", "atari"] = "none"
     """Update settings of this preset instead of the shipped defaults (`continuous`: what
     a MuJoCo run trains with, 4 fragments = 2,048 steps, 10 epochs x 32 minibatches)."""
@@ -101,7 +106,8 @@ def learner_step(policy, optimizer, frags, cfg: TrainSettings) -> dict[str, floa
     def stack(name: str) -> torch.Tensor:
         return torch.from_numpy(np.concatenate([f[name] for f in frags], axis=1))
 
-    batch = Batch(**{name: stack(name) for name in STEP_FIELDS})
+    # feed-forward fragments carry no recurrent fields (starts, initial_state)
+    batch = Batch(**{name: stack(name) for name in STEP_FIELDS if name in frags[0]})
     t1 = time.perf_counter()
     stats = ppo_update(policy, optimizer, batch, cfg)
     t2 = time.perf_counter()
