@@ -51,6 +51,16 @@ EOF
 }
 
 # ---- CHECKS ----
+# The Pong record of issue 29 runs alone (`ONLY=pong_record bash bench/gpu_check.sh`; it
+# needs ale-py and opencv-python-headless wheels in .whl/ besides the usual ones):
+# ALE/Pong-v5 with the defaults (the atari preset: the Atari pipeline and the Nature
+# CNN), 14 workers, CUDA, 9 minutes; its metrics.jsonl comes back for the return curve,
+# to put beside the 2-core CPU record and CleanRL's ppo_atari Pong curve.
+if [ "${ONLY:-}" = pong_record ]; then
+  SECONDS_PER_RUN=540 run pong_record --env ALE/Pong-v5 --workers 14 --device cuda
+  cp /tmp/runs/pong_record/metrics.jsonl "$OUT/pong_record_metrics.jsonl" 2>/dev/null
+  exit 0
+fi
 # 0. No host sync inside the update (torch raises on one under sync debug mode "error").
 python3 - >> "$R" <<'EOF' 2>&1
 import json, torch, gymnasium as gym, numpy as np

@@ -28,7 +28,8 @@ ROLE_SETTINGS = (LocalSettings, ClusterSettings, LearnerSettings, WorkerSettings
 SETTINGS_FILE = "settings.json"
 
 # What a checkpoint's network and observation statistics depend on: a resume keeps them.
-RESUME_FIXED = ("env", "env_import", "drop_observations", "hidden_sizes", "activation",
+RESUME_FIXED = ("env", "env_import", "drop_observations", "atari", "atari_frame_skip",
+                "atari_screen_size", "atari_frame_stack", "hidden_sizes", "activation",
                 "policy", "normalize_observations", "recurrent", "rnn_size")
 # Settings about the directory, not the run: a rerun from a run's own file drops them.
 _DIRECTORY_SETTINGS = ("out", "resume", "overwrite")

@@ -98,7 +98,8 @@ def learner_train_settings(description):
     from hetrl.launch.presets import apply_preset, preset_for
     from hetrl.learner.settings import TrainSettings
 
-    name, _ = preset_for(description.observation_space, description.action_space)
+    name, _ = preset_for(description.observation_space, description.action_space,
+                         description.ale)
     return apply_preset(TrainSettings(preset=name), explicit=())[0]
 
 

@@ -3,11 +3,12 @@
 hetrl's shipped defaults are tuned on CartPole. A preset replaces some of them with
 values that learn well on a family of envs: `classic` (discrete actions, vector
 observations: the shipped defaults), `continuous` (Box actions: MuJoCo, Pendulum;
-PPO's MuJoCo settings with reward normalisation and GAE advantages), `atari` (image
-observations). `auto` picks one from the spaces, `none` keeps the shipped defaults.
-A preset never overrides a setting the user gave (a flag, a config file entry, a
-keyword, a hyperparameter): `apply_preset` takes the names of those. This module only
-decides settings; it starts nothing.
+PPO's MuJoCo settings with reward normalisation and GAE advantages), `atari` (Atari
+games: PPO's Atari settings and the standard Atari pipeline).
+`auto` picks one from the spaces, `none` keeps the shipped defaults. A preset never
+overrides a setting the user gave (a flag, a config file entry, a keyword, a
+hyperparameter): `apply_preset` takes the names of those. This module only decides
+settings; it starts nothing.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from collections.abc import Collection
 from typing import Any, TypeVar
 
 import gymnasium as gym
-import numpy as np
 
-from hetrl.rollout.envs import describe_env
+from hetrl.rollout.envs import describe_env, is_ale_env
 from hetrl.rollout.errors import ConfigError
-from hetrl.rollout.observations import IMAGE, ObsLayout
+from hetrl.rollout.observations import IMAGE, ObsLayout, is_image
 
 S = TypeVar("S")
 
@@ -44,39 +44,53 @@ PRESETS: dict[str, dict[str, Any]] = {
         "minibatches": 32,
         "credits_per_worker": 1,
     },
-    # PPO's Atari settings (128-step fragments, clip 0.1, entropy bonus, raw rewards as
-    # before the shipped defaults normalised them); not benchmarked here. A Dict or
-    # Tuple space's image leaves get a CNN each; a Box of pixels still wants --policy.
+    # PPO's Atari settings (CleanRL's ppo_atari: 128-step fragments, lr 2.5e-4, clip
+    # 0.1, entropy bonus, rewards not normalised), and on an ALE env the standard Atari
+    # pipeline with episodic life and reward clipping (ATARI_ENV_SIDE). `--preset atari`
+    # on another env brings the training settings only.
     "atari": {
         "fragment_length": 128,
         "learning_rate": 2.5e-4,
         "clip_coef": 0.1,
         "ent_coef": 0.01,
         "normalize_rewards": False,
+        "atari": True,
+        "episodic_life": True,
+        "clip_rewards": True,
     },
     "none": {},
 }
 
 
-def preset_for(observation_space: gym.Space, action_space: gym.Space) -> tuple[str, str]:
-    """(preset name, why) for an env with these spaces (a Dict or Tuple space by its
-    actions, whatever its leaves)."""
+ATARI_ENV_SIDE = ("atari", "episodic_life", "clip_rewards")
+"""The atari preset's settings that need an ALE env (its screen, lives and game
+score); other pixel envs get its training settings only."""
+
+
+def preset_for(observation_space: gym.Space, action_space: gym.Space,
+               ale: bool = False) -> tuple[str, str]:
+    """(preset name, why) for an env with these spaces: `atari` for an Atari game (`ale`),
+    any other env by its actions, whatever its observations (image observations and
+    image leaves get the built-in CNN from the policy, not from a preset)."""
+    if ale:
+        return "atari", "an Atari game (ale-py)"
+    # The atari preset's training settings (raw rewards, lr 2.5e-4, 128 steps) learned
+    # LitQuadrant (3x32x32 pixels) to 10.8 in 40k steps where the shipped ones reached
+    # 16.0, and SpotTheLight (an image and a vector) to 7.0 in 100k where the shipped
+    # ones reached 14 at 34k; and a user's rewards of any scale want the normalisation
+    # that the atari preset turns off (it clips an Atari game's rewards instead).
     layout = ObsLayout.of(observation_space)
+    images = [leaf.name for leaf in layout.leaves if leaf.encoding == IMAGE]
     if layout.nested:
-        # Its image leaves get a CNN each; the atari preset's settings (raw rewards, lr
-        # 2.5e-4, 128 steps) learned SpotTheLight (a 3x32x32 image and a vector) to 7.0
-        # in 100k steps where the shipped ones reached 14 at 34k: chosen by the actions.
-        images = [leaf.name for leaf in layout.leaves if leaf.encoding == IMAGE]
         seen = f"{type(observation_space).__name__} observations" + (
-            f" (image leaves {', '.join(images)}: a CNN each)" if images else "")
-        name, why = preset_for(gym.spaces.Box(-1, 1, (1,)), action_space)
-        return name, f"{seen}, {why}"
-    shape = getattr(observation_space, "shape", None) or ()
-    if np.dtype(observation_space.dtype) == np.uint8 and len(shape) >= 2:
-        return "atari", f"image observations {shape} uint8"
+            f" (image leaves {', '.join(images)}: a CNN each)" if images else "") + ", "
+    elif is_image(observation_space.shape or (), observation_space.dtype):
+        seen = f"image observations {observation_space.shape} (a CNN), "
+    else:
+        seen = ""
     if isinstance(action_space, gym.spaces.Box):
-        return "continuous", f"Box actions {action_space.shape}"
-    return "classic", f"{type(action_space).__name__} actions"
+        return "continuous", f"{seen}Box actions {action_space.shape}"
+    return "classic", f"{seen}{type(action_space).__name__} actions"
 
 
 def changed_fields(settings: object) -> set[str]:
@@ -100,7 +114,7 @@ def apply_preset(settings: S, explicit: Collection[str] | None = None) -> tuple[
     requested = settings.preset  # type: ignore[attr-defined]
     if requested == "auto":
         spaces = describe_env(settings)  # type: ignore[arg-type]
-        name, why = preset_for(spaces.observation_space, spaces.action_space)
+        name, why = preset_for(spaces.observation_space, spaces.action_space, spaces.ale)
         why = f"from the env's spaces: {why}"
     elif requested in PRESETS:
         name, why = requested, "--preset"
@@ -110,8 +124,11 @@ def apply_preset(settings: S, explicit: Collection[str] | None = None) -> tuple[
     if explicit is None:
         explicit = changed_fields(settings)
     fields = {f.name for f in dataclasses.fields(settings)}  # type: ignore[arg-type]
-    values = {k: v for k, v in PRESETS[name].items() if k in fields and k not in explicit}
-    kept = sorted(k for k in PRESETS[name] if k in fields and k in explicit)
+    preset = dict(PRESETS[name])
+    if name == "atari" and "atari" in fields and not is_ale_env(settings):  # type: ignore[arg-type]
+        preset = {k: v for k, v in preset.items() if k not in ATARI_ENV_SIDE}
+    values = {k: v for k, v in preset.items() if k in fields and k not in explicit}
+    kept = sorted(k for k in preset if k in fields and k in explicit)
     changed = ", ".join(f"{k}={v}" for k, v in values.items()) or "the shipped defaults"
     line = f"preset {name} ({why}): {changed}"
     if kept:

@@ -31,7 +31,7 @@ from hetrl.rollout.env_server import group_sizes
 from hetrl.rollout.errors import ProtocolError, WireFormatError
 from hetrl.rollout.fragments import FragmentArrays, checked, decode_observations
 from hetrl.rollout.observations import Obs, ObsLayout, all_finite
-from hetrl.rollout.rewards import RewardNormalizer
+from hetrl.rollout.rewards import RewardNormalizer, clip_rewards
 from hetrl.rollout.stepping import StepResult
 
 Reply = Callable[..., None]
@@ -96,6 +96,7 @@ class CentralAssembler:
         self.inference, self._send = inference, send
         self.groups = [_Group(n) for n in sizes]
         self.granted = credits
+        self.clip_rewards = hello.clip_rewards
         self.normalizer = (RewardNormalizer(hello.num_envs, hello.reward_norm_gamma,
                                             hello.reward_clip)
                            if hello.normalize_rewards else None)
@@ -117,7 +118,10 @@ class CentralAssembler:
             raise WireFormatError(f"env step for group {message.group} of "
                                   f"{len(self.groups)}")
         group = self.groups[message.group]
-        result = self._decode(message, group.size)
+        # Frame stacks arrive as their new frames after the observations this group's
+        # builder holds from the step before (the stream's thread alone changes them).
+        held = group.builder.obs if group.builder is not None and message.step else None
+        result = self._decode(message, group.size, held)
         submit = False
         with self._lock:
             if message.step != group.next_step or (message.step and group.chosen is None):
@@ -149,14 +153,18 @@ class CentralAssembler:
             self._choose(message.group)
         return completed
 
-    def _decode(self, message: hetrl_pb2.EnvStep, n: int) -> StepResult:
+    def _decode(self, message: hetrl_pb2.EnvStep, n: int, previous: Obs | None = None
+                ) -> StepResult:
         expected = {"rewards": ((n,), np.dtype(np.float32)),
                     "terminated": ((n,), np.dtype(bool)), "truncated": ((n,), np.dtype(bool)),
                     "faulted": ((n,), np.dtype(bool))}
         arrays: dict[str, Any] = {"observations": decode_observations(
-            message, self.shapes.obs_layout.expected(n), "env step observations")}
+            message, self.shapes.obs_layout.expected(n), "env step observations",
+            previous if isinstance(previous, np.ndarray) else None)}
         if not all_finite(arrays["observations"]):
             raise WireFormatError("env step observations hold NaN or Inf")
+        if message.HasField("life_lost"):
+            expected["life_lost"] = ((n,), np.dtype(bool))
         for name, shape_dtype in expected.items():
             array = checked(wire.decode(getattr(message, name)), shape_dtype, f"env step {name}")
             if array.dtype.kind == "f" and not np.isfinite(array).all():
@@ -169,7 +177,9 @@ class CentralAssembler:
         while all(g.done for g in self.groups):
             parts = [g.done.pop(0) for g in self.groups]
             fragment = join_groups([p[0] for p in parts])
-            if self.normalizer is not None:  # the episode returns stay raw
+            if self.clip_rewards:  # the episode returns stay raw
+                fragment.rewards = clip_rewards(fragment.rewards)
+            if self.normalizer is not None:
                 fragment.rewards = self.normalizer(fragment.rewards, fragment.terminated,
                                                    fragment.truncated, fragment.valid)
             waited = max(p[2] for p in parts)

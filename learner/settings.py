@@ -42,7 +42,7 @@ class TrainSettings:
     preset: Literal["auto", "none", "classic", "continuous", "atari"] = "auto"
     """Settings preset for the env's family, applied by `hetrl local` / `hetrl launch` /
     `run_local` to every setting you do not give: auto picks from the env's spaces
-    (image observations: atari, Box actions: continuous, else classic); none keeps the
+    (an Atari game: atari, else by the actions: Box continuous, others classic); none keeps the
     shipped defaults (tuned on CartPole). The run's settings.json records the one applied."""
     learning_rate: float = 1e-3
     """Adam learning rate at the start."""

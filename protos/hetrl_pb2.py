@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18hetrl/protos/hetrl.proto\x12\x05hetrl\"5\n\x07NDArray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"9\n\nNamedArray\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x05\x61rray\x18\x02 \x01(\x0b\x32\x0e.hetrl.NDArray\"\x8a\x02\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x10\n\x08num_envs\x18\x03 \x01(\r\x12\x17\n\x0f\x66ragment_length\x18\x04 \x01(\r\x12\x0b\n\x03\x65nv\x18\x05 \x01(\t\x12\x19\n\x11observation_space\x18\x06 \x01(\t\x12\x14\n\x0c\x61\x63tion_space\x18\x07 \x01(\t\x12\x11\n\tinference\x18\x08 \x01(\t\x12\x12\n\nenv_groups\x18\t \x01(\r\x12\x19\n\x11normalize_rewards\x18\n \x01(\x08\x12\x19\n\x11reward_norm_gamma\x18\x0b \x01(\x02\x12\x13\n\x0breward_clip\x18\x0c \x01(\x02\"\xf1\x04\n\x08\x46ragment\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12$\n\x0cobservations\x18\x05 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1f\n\x07\x61\x63tions\x18\x06 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1f\n\x07rewards\x18\x07 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\"\n\nterminated\x18\x08 \x01(\x0b\x32\x0e.hetrl.NDArray\x12!\n\ttruncated\x18\t \x01(\x0b\x32\x0e.hetrl.NDArray\x12 \n\x08logprobs\x18\n \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1d\n\x05valid\x18\x0b \x01(\x0b\x32\x0e.hetrl.NDArray\x12\'\n\x0f\x65pisode_returns\x18\x0c \x01(\x0b\x32\x0e.hetrl.NDArray\x12\'\n\x0f\x65pisode_lengths\x18\r \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x17\n\x0f\x63ollect_seconds\x18\x0e \x01(\x02\x12\x14\n\x0cwait_seconds\x18\x0f \x01(\x02\x12\x12\n\nenv_faults\x18\x10 \x01(\r\x12\x18\n\x10\x65pisodes_aborted\x18\x11 \x01(\r\x12-\n\x12observation_leaves\x18\x12 \x03(\x0b\x32\x11.hetrl.NamedArray\x12\x1e\n\x06starts\x18\x13 \x01(\x0b\x32\x0e.hetrl.NDArray\x12%\n\rinitial_state\x18\x14 \x01(\x0b\x32\x0e.hetrl.NDArray\"\x9a\x02\n\x07\x45nvStep\x12\r\n\x05group\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12$\n\x0cobservations\x18\x03 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1f\n\x07rewards\x18\x04 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\"\n\nterminated\x18\x05 \x01(\x0b\x32\x0e.hetrl.NDArray\x12!\n\ttruncated\x18\x06 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1f\n\x07\x66\x61ulted\x18\x07 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x14\n\x0cstep_seconds\x18\x08 \x01(\x02\x12-\n\x12observation_leaves\x18\t \x03(\x0b\x32\x11.hetrl.NamedArray\"\x7f\n\rWorkerMessage\x12\x1d\n\x05hello\x18\x01 \x01(\x0b\x32\x0c.hetrl.HelloH\x00\x12#\n\x08\x66ragment\x18\x02 \x01(\x0b\x32\x0f.hetrl.FragmentH\x00\x12\"\n\x08\x65nv_step\x18\x03 \x01(\x0b\x32\x0e.hetrl.EnvStepH\x00\x42\x06\n\x04kind\"=\n\x07Weights\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12!\n\x06\x61rrays\x18\x02 \x03(\x0b\x32\x11.hetrl.NamedArray\"\x18\n\x07\x43redits\x12\r\n\x05\x63ount\x18\x01 \x01(\r\"\x16\n\x04Stop\x12\x0e\n\x06reason\x18\x01 \x01(\t\"G\n\x07\x41\x63tions\x12\r\n\x05group\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x1f\n\x07\x61\x63tions\x18\x03 \x01(\x0b\x32\x0e.hetrl.NDArray\"\x9e\x01\n\x0eLearnerMessage\x12!\n\x07weights\x18\x01 \x01(\x0b\x32\x0e.hetrl.WeightsH\x00\x12!\n\x07\x63redits\x18\x02 \x01(\x0b\x32\x0e.hetrl.CreditsH\x00\x12\x1b\n\x04stop\x18\x03 \x01(\x0b\x32\x0b.hetrl.StopH\x00\x12!\n\x07\x61\x63tions\x18\x04 \x01(\x0b\x32\x0e.hetrl.ActionsH\x00\x42\x06\n\x04kind\"\x11\n\x0f\x44\x65scribeRequest\"A\n\x08HostInfo\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x18\n\x10worker_addresses\x18\x02 \x03(\t\x12\r\n\x05\x63ores\x18\x03 \x01(\r\"#\n\x10HeartbeatRequest\x12\x0f\n\x07learner\x18\x01 \x01(\t\"V\n\x0eHeartbeatReply\x12\x13\n\x0b\x63pu_percent\x18\x01 \x01(\x02\x12\x16\n\x0ememory_percent\x18\x02 \x01(\x02\x12\x17\n\x0fworkers_running\x18\x03 \x01(\r\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x1d\n\tStopReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x32\x44\n\x07Rollout\x12\x39\n\x06Stream\x12\x15.hetrl.LearnerMessage\x1a\x14.hetrl.WorkerMessage(\x01\x30\x01\x32\xad\x01\n\x0bHostControl\x12\x33\n\x08\x44\x65scribe\x12\x16.hetrl.DescribeRequest\x1a\x0f.hetrl.HostInfo\x12;\n\tHeartbeat\x12\x17.hetrl.HeartbeatRequest\x1a\x15.hetrl.HeartbeatReply\x12,\n\x04Stop\x12\x12.hetrl.StopRequest\x1a\x10.hetrl.StopReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18hetrl/protos/hetrl.proto\x12\x05hetrl\"5\n\x07NDArray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"9\n\nNamedArray\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x05\x61rray\x18\x02 \x01(\x0b\x32\x0e.hetrl.NDArray\"\xa0\x02\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x10\n\x08num_envs\x18\x03 \x01(\r\x12\x17\n\x0f\x66ragment_length\x18\x04 \x01(\r\x12\x0b\n\x03\x65nv\x18\x05 \x01(\t\x12\x19\n\x11observation_space\x18\x06 \x01(\t\x12\x14\n\x0c\x61\x63tion_space\x18\x07 \x01(\t\x12\x11\n\tinference\x18\x08 \x01(\t\x12\x12\n\nenv_groups\x18\t \x01(\r\x12\x19\n\x11normalize_rewards\x18\n \x01(\x08\x12\x19\n\x11reward_norm_gamma\x18\x0b \x01(\x02\x12\x13\n\x0breward_clip\x18\x0c \x01(\x02\x12\x14\n\x0c\x63lip_rewards\x18\r \x01(\x08\"\xa1\x05\n\x08\x46ragment\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12$\n\x0cobservations\x18\x05 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1f\n\x07\x61\x63tions\x18\x06 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1f\n\x07rewards\x18\x07 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\"\n\nterminated\x18\x08 \x01(\x0b\x32\x0e.hetrl.NDArray\x12!\n\ttruncated\x18\t \x01(\x0b\x32\x0e.hetrl.NDArray\x12 \n\x08logprobs\x18\n \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1d\n\x05valid\x18\x0b \x01(\x0b\x32\x0e.hetrl.NDArray\x12\'\n\x0f\x65pisode_returns\x18\x0c \x01(\x0b\x32\x0e.hetrl.NDArray\x12\'\n\x0f\x65pisode_lengths\x18\r \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x17\n\x0f\x63ollect_seconds\x18\x0e \x01(\x02\x12\x14\n\x0cwait_seconds\x18\x0f \x01(\x02\x12\x12\n\nenv_faults\x18\x10 \x01(\r\x12\x18\n\x10\x65pisodes_aborted\x18\x11 \x01(\r\x12-\n\x12observation_leaves\x18\x12 \x03(\x0b\x32\x11.hetrl.NamedArray\x12\x1e\n\x06starts\x18\x13 \x01(\x0b\x32\x0e.hetrl.NDArray\x12%\n\rinitial_state\x18\x14 \x01(\x0b\x32\x0e.hetrl.NDArray\x12.\n\x12observation_stacks\x18\x15 \x01(\x0b\x32\x12.hetrl.FrameStacks\"L\n\x0b\x46rameStacks\x12\x1e\n\x06\x66rames\x18\x01 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1d\n\x05whole\x18\x02 \x01(\x0b\x32\x0e.hetrl.NDArray\"\xed\x02\n\x07\x45nvStep\x12\r\n\x05group\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12$\n\x0cobservations\x18\x03 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1f\n\x07rewards\x18\x04 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\"\n\nterminated\x18\x05 \x01(\x0b\x32\x0e.hetrl.NDArray\x12!\n\ttruncated\x18\x06 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x1f\n\x07\x66\x61ulted\x18\x07 \x01(\x0b\x32\x0e.hetrl.NDArray\x12\x14\n\x0cstep_seconds\x18\x08 \x01(\x02\x12-\n\x12observation_leaves\x18\t \x03(\x0b\x32\x11.hetrl.NamedArray\x12!\n\tlife_lost\x18\n \x01(\x0b\x32\x0e.hetrl.NDArray\x12.\n\x12observation_stacks\x18\x0b \x01(\x0b\x32\x12.hetrl.FrameStacks\"\x7f\n\rWorkerMessage\x12\x1d\n\x05hello\x18\x01 \x01(\x0b\x32\x0c.hetrl.HelloH\x00\x12#\n\x08\x66ragment\x18\x02 \x01(\x0b\x32\x0f.hetrl.FragmentH\x00\x12\"\n\x08\x65nv_step\x18\x03 \x01(\x0b\x32\x0e.hetrl.EnvStepH\x00\x42\x06\n\x04kind\"=\n\x07Weights\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12!\n\x06\x61rrays\x18\x02 \x03(\x0b\x32\x11.hetrl.NamedArray\"\x18\n\x07\x43redits\x12\r\n\x05\x63ount\x18\x01 \x01(\r\"\x16\n\x04Stop\x12\x0e\n\x06reason\x18\x01 \x01(\t\"G\n\x07\x41\x63tions\x12\r\n\x05group\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x1f\n\x07\x61\x63tions\x18\x03 \x01(\x0b\x32\x0e.hetrl.NDArray\"\x9e\x01\n\x0eLearnerMessage\x12!\n\x07weights\x18\x01 \x01(\x0b\x32\x0e.hetrl.WeightsH\x00\x12!\n\x07\x63redits\x18\x02 \x01(\x0b\x32\x0e.hetrl.CreditsH\x00\x12\x1b\n\x04stop\x18\x03 \x01(\x0b\x32\x0b.hetrl.StopH\x00\x12!\n\x07\x61\x63tions\x18\x04 \x01(\x0b\x32\x0e.hetrl.ActionsH\x00\x42\x06\n\x04kind\"\x11\n\x0f\x44\x65scribeRequest\"A\n\x08HostInfo\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x18\n\x10worker_addresses\x18\x02 \x03(\t\x12\r\n\x05\x63ores\x18\x03 \x01(\r\"#\n\x10HeartbeatRequest\x12\x0f\n\x07learner\x18\x01 \x01(\t\"V\n\x0eHeartbeatReply\x12\x13\n\x0b\x63pu_percent\x18\x01 \x01(\x02\x12\x16\n\x0ememory_percent\x18\x02 \x01(\x02\x12\x17\n\x0fworkers_running\x18\x03 \x01(\r\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x1d\n\tStopReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x32\x44\n\x07Rollout\x12\x39\n\x06Stream\x12\x15.hetrl.LearnerMessage\x1a\x14.hetrl.WorkerMessage(\x01\x30\x01\x32\xad\x01\n\x0bHostControl\x12\x33\n\x08\x44\x65scribe\x12\x16.hetrl.DescribeRequest\x1a\x0f.hetrl.HostInfo\x12;\n\tHeartbeat\x12\x17.hetrl.HeartbeatRequest\x1a\x15.hetrl.HeartbeatReply\x12,\n\x04Stop\x12\x12.hetrl.StopRequest\x1a\x10.hetrl.StopReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,37 +36,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NAMEDARRAY']._serialized_start=90
   _globals['_NAMEDARRAY']._serialized_end=147
   _globals['_HELLO']._serialized_start=150
-  _globals['_HELLO']._serialized_end=416
-  _globals['_FRAGMENT']._serialized_start=419
-  _globals['_FRAGMENT']._serialized_end=1044
-  _globals['_ENVSTEP']._serialized_start=1047
-  _globals['_ENVSTEP']._serialized_end=1329
-  _globals['_WORKERMESSAGE']._serialized_start=1331
-  _globals['_WORKERMESSAGE']._serialized_end=1458
-  _globals['_WEIGHTS']._serialized_start=1460
-  _globals['_WEIGHTS']._serialized_end=1521
-  _globals['_CREDITS']._serialized_start=1523
-  _globals['_CREDITS']._serialized_end=1547
-  _globals['_STOP']._serialized_start=1549
-  _globals['_STOP']._serialized_end=1571
-  _globals['_ACTIONS']._serialized_start=1573
-  _globals['_ACTIONS']._serialized_end=1644
-  _globals['_LEARNERMESSAGE']._serialized_start=1647
-  _globals['_LEARNERMESSAGE']._serialized_end=1805
-  _globals['_DESCRIBEREQUEST']._serialized_start=1807
-  _globals['_DESCRIBEREQUEST']._serialized_end=1824
-  _globals['_HOSTINFO']._serialized_start=1826
-  _globals['_HOSTINFO']._serialized_end=1891
-  _globals['_HEARTBEATREQUEST']._serialized_start=1893
-  _globals['_HEARTBEATREQUEST']._serialized_end=1928
-  _globals['_HEARTBEATREPLY']._serialized_start=1930
-  _globals['_HEARTBEATREPLY']._serialized_end=2016
-  _globals['_STOPREQUEST']._serialized_start=2018
-  _globals['_STOPREQUEST']._serialized_end=2047
-  _globals['_STOPREPLY']._serialized_start=2049
-  _globals['_STOPREPLY']._serialized_end=2078
-  _globals['_ROLLOUT']._serialized_start=2080
-  _globals['_ROLLOUT']._serialized_end=2148
-  _globals['_HOSTCONTROL']._serialized_start=2151
-  _globals['_HOSTCONTROL']._serialized_end=2324
+  _globals['_HELLO']._serialized_end=438
+  _globals['_FRAGMENT']._serialized_start=441
+  _globals['_FRAGMENT']._serialized_end=1114
+  _globals['_FRAMESTACKS']._serialized_start=1116
+  _globals['_FRAMESTACKS']._serialized_end=1192
+  _globals['_ENVSTEP']._serialized_start=1195
+  _globals['_ENVSTEP']._serialized_end=1560
+  _globals['_WORKERMESSAGE']._serialized_start=1562
+  _globals['_WORKERMESSAGE']._serialized_end=1689
+  _globals['_WEIGHTS']._serialized_start=1691
+  _globals['_WEIGHTS']._serialized_end=1752
+  _globals['_CREDITS']._serialized_start=1754
+  _globals['_CREDITS']._serialized_end=1778
+  _globals['_STOP']._serialized_start=1780
+  _globals['_STOP']._serialized_end=1802
+  _globals['_ACTIONS']._serialized_start=1804
+  _globals['_ACTIONS']._serialized_end=1875
+  _globals['_LEARNERMESSAGE']._serialized_start=1878
+  _globals['_LEARNERMESSAGE']._serialized_end=2036
+  _globals['_DESCRIBEREQUEST']._serialized_start=2038
+  _globals['_DESCRIBEREQUEST']._serialized_end=2055
+  _globals['_HOSTINFO']._serialized_start=2057
+  _globals['_HOSTINFO']._serialized_end=2122
+  _globals['_HEARTBEATREQUEST']._serialized_start=2124
+  _globals['_HEARTBEATREQUEST']._serialized_end=2159
+  _globals['_HEARTBEATREPLY']._serialized_start=2161
+  _globals['_HEARTBEATREPLY']._serialized_end=2247
+  _globals['_STOPREQUEST']._serialized_start=2249
+  _globals['_STOPREQUEST']._serialized_end=2278
+  _globals['_STOPREPLY']._serialized_start=2280
+  _globals['_STOPREPLY']._serialized_end=2309
+  _globals['_ROLLOUT']._serialized_start=2311
+  _globals['_ROLLOUT']._serialized_end=2379
+  _globals['_HOSTCONTROL']._serialized_start=2382
+  _globals['_HOSTCONTROL']._serialized_end=2555
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ class NamedArray(_message.Message):
     def __init__(self, name: _Optional[str] = ..., array: _Optional[_Union[NDArray, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "incarnation", "num_envs", "fragment_length", "env", "observation_space", "action_space", "inference", "env_groups", "normalize_rewards", "reward_norm_gamma", "reward_clip")
+    __slots__ = ("worker_id", "incarnation", "num_envs", "fragment_length", "env", "observation_space", "action_space", "inference", "env_groups", "normalize_rewards", "reward_norm_gamma", "reward_clip", "clip_rewards")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class Hello(_message.Message):
     NORMALIZE_REWARDS_FIELD_NUMBER: _ClassVar[int]
     REWARD_NORM_GAMMA_FIELD_NUMBER: _ClassVar[int]
     REWARD_CLIP_FIELD_NUMBER: _ClassVar[int]
+    CLIP_REWARDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     incarnation: str
     num_envs: int
@@ -50,10 +51,11 @@ class Hello(_message.Message):
     normalize_rewards: bool
     reward_norm_gamma: float
     reward_clip: float
-    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., num_envs: _Optional[int] = ..., fragment_length: _Optional[int] = ..., env: _Optional[str] = ..., observation_space: _Optional[str] = ..., action_space: _Optional[str] = ..., inference: _Optional[str] = ..., env_groups: _Optional[int] = ..., normalize_rewards: _Optional[bool] = ..., reward_norm_gamma: _Optional[float] = ..., reward_clip: _Optional[float] = ...) -> None: ...
+    clip_rewards: bool
+    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., num_envs: _Optional[int] = ..., fragment_length: _Optional[int] = ..., env: _Optional[str] = ..., observation_space: _Optional[str] = ..., action_space: _Optional[str] = ..., inference: _Optional[str] = ..., env_groups: _Optional[int] = ..., normalize_rewards: _Optional[bool] = ..., reward_norm_gamma: _Optional[float] = ..., reward_clip: _Optional[float] = ..., clip_rewards: _Optional[bool] = ...) -> None: ...
 
 class Fragment(_message.Message):
-    __slots__ = ("worker_id", "incarnation", "sequence", "policy_version", "observations", "actions", "rewards", "terminated", "truncated", "logprobs", "valid", "episode_returns", "episode_lengths", "collect_seconds", "wait_seconds", "env_faults", "episodes_aborted", "observation_leaves", "starts", "initial_state")
+    __slots__ = ("worker_id", "incarnation", "sequence", "policy_version", "observations", "actions", "rewards", "terminated", "truncated", "logprobs", "valid", "episode_returns", "episode_lengths", "collect_seconds", "wait_seconds", "env_faults", "episodes_aborted", "observation_leaves", "starts", "initial_state", "observation_stacks")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +76,7 @@ class Fragment(_message.Message):
     OBSERVATION_LEAVES_FIELD_NUMBER: _ClassVar[int]
     STARTS_FIELD_NUMBER: _ClassVar[int]
     INITIAL_STATE_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_STACKS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     incarnation: str
     sequence: int
@@ -94,10 +97,19 @@ class Fragment(_message.Message):
     observation_leaves: _containers.RepeatedCompositeFieldContainer[NamedArray]
     starts: NDArray
     initial_state: NDArray
-    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., logprobs: _Optional[_Union[NDArray, _Mapping]] = ..., valid: _Optional[_Union[NDArray, _Mapping]] = ..., episode_returns: _Optional[_Union[NDArray, _Mapping]] = ..., episode_lengths: _Optional[_Union[NDArray, _Mapping]] = ..., collect_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., env_faults: _Optional[int] = ..., episodes_aborted: _Optional[int] = ..., observation_leaves: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ..., starts: _Optional[_Union[NDArray, _Mapping]] = ..., initial_state: _Optional[_Union[NDArray, _Mapping]] = ...) -> None: ...
+    observation_stacks: FrameStacks
+    def __init__(self, worker_id: _Optional[int] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., policy_version: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., actions: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., logprobs: _Optional[_Union[NDArray, _Mapping]] = ..., valid: _Optional[_Union[NDArray, _Mapping]] = ..., episode_returns: _Optional[_Union[NDArray, _Mapping]] = ..., episode_lengths: _Optional[_Union[NDArray, _Mapping]] = ..., collect_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., env_faults: _Optional[int] = ..., episodes_aborted: _Optional[int] = ..., observation_leaves: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ..., starts: _Optional[_Union[NDArray, _Mapping]] = ..., initial_state: _Optional[_Union[NDArray, _Mapping]] = ..., observation_stacks: _Optional[_Union[FrameStacks, _Mapping]] = ...) -> None: ...
+
+class FrameStacks(_message.Message):
+    __slots__ = ("frames", "whole")
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_FIELD_NUMBER: _ClassVar[int]
+    frames: NDArray
+    whole: NDArray
+    def __init__(self, frames: _Optional[_Union[NDArray, _Mapping]] = ..., whole: _Optional[_Union[NDArray, _Mapping]] = ...) -> None: ...
 
 class EnvStep(_message.Message):
-    __slots__ = ("group", "step", "observations", "rewards", "terminated", "truncated", "faulted", "step_seconds", "observation_leaves")
+    __slots__ = ("group", "step", "observations", "rewards", "terminated", "truncated", "faulted", "step_seconds", "observation_leaves", "life_lost", "observation_stacks")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +119,8 @@ class EnvStep(_message.Message):
     FAULTED_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_LEAVES_FIELD_NUMBER: _ClassVar[int]
+    LIFE_LOST_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_STACKS_FIELD_NUMBER: _ClassVar[int]
     group: int
     step: int
     observations: NDArray
@@ -116,7 +130,9 @@ class EnvStep(_message.Message):
     faulted: NDArray
     step_seconds: float
     observation_leaves: _containers.RepeatedCompositeFieldContainer[NamedArray]
-    def __init__(self, group: _Optional[int] = ..., step: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., faulted: _Optional[_Union[NDArray, _Mapping]] = ..., step_seconds: _Optional[float] = ..., observation_leaves: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ...) -> None: ...
+    life_lost: NDArray
+    observation_stacks: FrameStacks
+    def __init__(self, group: _Optional[int] = ..., step: _Optional[int] = ..., observations: _Optional[_Union[NDArray, _Mapping]] = ..., rewards: _Optional[_Union[NDArray, _Mapping]] = ..., terminated: _Optional[_Union[NDArray, _Mapping]] = ..., truncated: _Optional[_Union[NDArray, _Mapping]] = ..., faulted: _Optional[_Union[NDArray, _Mapping]] = ..., step_seconds: _Optional[float] = ..., observation_leaves: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ..., life_lost: _Optional[_Union[NDArray, _Mapping]] = ..., observation_stacks: _Optional[_Union[FrameStacks, _Mapping]] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
     __slots__ = ("hello", "fragment", "env_step")

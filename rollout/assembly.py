@@ -118,6 +118,8 @@ class FragmentBuilder:
             self.episode_return[done] = 0.0
             self.episode_length[done] = 0
         self.autoreset = done
+        if result.life_lost is not None:  # episodic life: the value target ends here,
+            terminated |= result.life_lost & valid & ~faulted  # the game and its return go on
         self.t += 1
         if self.t < self.length:
             return None

@@ -30,9 +30,11 @@ class Collector:
         self, envs: gym.vector.VectorEnv, policy: Policy, length: int, seed: int,
         remake: Callable[[], gym.vector.VectorEnv] | None = None,
         failure_rate: float = 0.25, failure_window: int = 100, nonfinite: str = "drop",
+        episodic_life: bool = False,
     ):
         self.policy, self.length = policy, length
-        self.stepper = EnvStepper(envs, remake, failure_rate, failure_window, nonfinite)
+        self.stepper = EnvStepper(envs, remake, failure_rate, failure_window, nonfinite,
+                                  episodic_life)
         self.num_envs = envs.num_envs
         action_space = envs.single_action_space
         self.builder = FragmentBuilder(

@@ -37,7 +37,7 @@ from hetrl.rollout import wire
 from hetrl.rollout.envs import action_dtype, make_vector_env
 from hetrl.rollout.errors import WireFormatError
 from hetrl.rollout.lifetime import exit_now
-from hetrl.rollout.observations import Obs
+from hetrl.rollout.observations import Obs, tree_map
 from hetrl.rollout.serving import (
     StreamServer,
     exit_code_of,
@@ -47,6 +47,7 @@ from hetrl.rollout.serving import (
     worker_seed,
 )
 from hetrl.rollout.settings import WorkerSettings
+from hetrl.rollout.stacks import packed
 from hetrl.rollout.stepping import EnvStepper, StepResult
 
 log = logging.getLogger("hetrl.worker")
@@ -61,11 +62,22 @@ def group_sizes(num_envs: int) -> list[int]:
 
 def env_step_message(group: int, step: int, observations: Obs, rewards: np.ndarray,
                      terminated: np.ndarray, truncated: np.ndarray, faulted: np.ndarray,
-                     step_seconds: float = 0.0) -> bytes:
-    """The serialized WorkerMessage of one group's step (a nested space's observations
-    as named leaves)."""
-    obs = ({"observation_leaves": wire.encode_named(observations)}
-           if isinstance(observations, dict) else {"observations": wire.encode(observations)})
+                     life_lost: np.ndarray | None = None, step_seconds: float = 0.0,
+                     previous: Obs | None = None) -> bytes:
+    """The serialized WorkerMessage of one group's step (the arrays in `StepResult`'s
+    order; a nested space's observations as named leaves; `life_lost` only with
+    --episodic-life). Frame stacks travel as their new frames after `previous`, the
+    group's observations of the step before, which the learner holds (None at a reset)."""
+    obs: dict
+    if isinstance(observations, dict):
+        obs = {"observation_leaves": wire.encode_named(observations)}
+    elif (stacks := packed(observations[None], _array_or_none(previous))) is not None:
+        obs = {"observation_stacks": hetrl_pb2.FrameStacks(
+            frames=wire.encode(stacks[0]), whole=wire.encode(stacks[1]))}
+    else:
+        obs = {"observations": wire.encode(observations)}
+    if life_lost is not None:
+        obs["life_lost"] = wire.encode(np.asarray(life_lost, dtype=bool))
     return hetrl_pb2.WorkerMessage(env_step=hetrl_pb2.EnvStep(
         group=group, step=step, **obs,
         rewards=wire.encode(np.asarray(rewards, dtype=np.float32)),
@@ -74,6 +86,10 @@ def env_step_message(group: int, step: int, observations: Obs, rewards: np.ndarr
         faulted=wire.encode(np.asarray(faulted, dtype=bool)),
         step_seconds=step_seconds,
     )).SerializeToString()
+
+
+def _array_or_none(obs: Obs | None) -> np.ndarray | None:
+    return obs if isinstance(obs, np.ndarray) else None
 
 
 class _ActionInbox:
@@ -122,7 +138,8 @@ class EnvServer(StreamServer):
         self.groups = [
             EnvStepper(self._make_envs(n), remake=functools.partial(self._make_envs, n),
                        failure_rate=settings.env_failure_rate,
-                       failure_window=settings.env_failure_window, nonfinite=settings.nonfinite)
+                       failure_window=settings.env_failure_window, nonfinite=settings.nonfinite,
+                       episodic_life=settings.episodic_life)
             for n in self.sizes
         ]
         first = self.groups[0].envs
@@ -142,6 +159,7 @@ class EnvServer(StreamServer):
             normalize_rewards=settings.normalize_rewards,
             reward_norm_gamma=settings.reward_norm_gamma,
             reward_clip=settings.reward_clip,
+            clip_rewards=settings.clip_rewards,
         )
         # Seeds of the first reset (group g's envs continue the worker's numbering);
         # later streams reset with the envs' own generators.
@@ -171,6 +189,9 @@ class EnvServer(StreamServer):
         self.streams_served += 1
         yield hetrl_pb2.WorkerMessage(hello=self.hello).SerializeToString()
         expected = []
+        # Each group's observations as the learner holds them: frame stacks after them
+        # travel as their new frames (a copy: a vector env may reuse its buffers).
+        sent: list[Obs | None] = [None] * len(self.groups)
         for g, stepper in enumerate(self.groups):
             start = time.perf_counter()
             obs = self.guarded(context, lambda s=stepper, g=g: s.reset(seed=self._seeds[g]))
@@ -178,8 +199,9 @@ class EnvServer(StreamServer):
             n = self.sizes[g]
             zeros = np.zeros(n, dtype=bool)
             expected.append(1)
+            sent[g] = tree_map(np.copy, obs)
             yield env_step_message(g, 0, obs, np.zeros(n, np.float32), zeros, zeros, zeros,
-                                   time.perf_counter() - start)
+                                   step_seconds=time.perf_counter() - start)
         while True:
             while not inbox.wait(timeout=1.0):
                 if not context.is_active() or self.stopped.is_set():
@@ -208,9 +230,12 @@ class EnvServer(StreamServer):
             expected[group] += 1
             self.steps_sent += 1
             self.delivered(self.steps_sent)
-            yield env_step_message(group, step, result.observations, result.rewards,
-                                   result.terminated, result.truncated, result.faulted,
-                                   time.perf_counter() - start)
+            reply = env_step_message(group, step, result.observations, result.rewards,
+                                     result.terminated, result.truncated, result.faulted,
+                                     result.life_lost, time.perf_counter() - start,
+                                     previous=sent[group])
+            sent[group] = tree_map(np.copy, result.observations)
+            yield reply
 
     def _check_actions(self, message: hetrl_pb2.Actions, expected: list[int]
                        ) -> tuple[int, np.ndarray]:

@@ -29,6 +29,7 @@ from gymnasium.envs.registration import EnvSpec, WrapperSpec, find_highest_versi
 from gymnasium.utils import RecordConstructorArgs
 from gymnasium.vector import AutoresetMode
 
+from hetrl.rollout.atari import atari_spec, is_ale
 from hetrl.rollout.errors import EnvError, EnvShapeError, EnvUnhealthyError, NonFiniteError
 from hetrl.rollout.observations import ObsLayout, all_finite
 from hetrl.rollout.settings import EnvSettings
@@ -47,6 +48,8 @@ class EnvDescription:
     observation_space: gym.Space
     """A Box, or a Dict or Tuple of supported leaves (`ObsLayout`)."""
     action_space: gym.spaces.Space
+    ale: bool = False
+    """Made by ale-py's AtariEnv (an Atari game: the atari preset's env)."""
 
 
 _CHOICE_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
@@ -101,15 +104,50 @@ def _import_modules(names: tuple[str, ...]) -> None:
         import_user_module(name, "--env-import")  # registers its ids
 
 
-def env_spec(settings: EnvSettings) -> str | EnvSpec:
-    """The id or EnvSpec to hand to gymnasium for `--env` (an EnvSpec that drops
-    observation keys when `--drop-observations` asks).
+# Env ids that a package registers when it is imported: (id prefix, module, what to
+# install). `--env ALE/Pong-v5` then needs no --env-import, in every process that makes
+# the env (workers, env servers, the learner, enjoy, every host of a job).
+REGISTERING_PACKAGES = (
+    ("ALE/", "ale_py", "pip install 'hetrl[atari]' (ale-py)"),
+    ("MiniGrid-", "minigrid", "pip install minigrid"),
+    ("BabyAI-", "minigrid", "pip install minigrid"),
+)
+
+
+def _import_registering_package(env: str) -> None:
+    """Import the package that registers `env`'s id, when a known one does and the id
+    is not registered yet.
 
     Raises:
-        EnvError: an `--env-import` or `--env` module cannot be imported, or `--env
-            module:Name` names neither a callable of the module nor an env id it registers.
+        EnvError: that package is not installed; the message says what to install.
+    """
+    if ":" in env or _registered(env):
+        return
+    for prefix, module, install in REGISTERING_PACKAGES:
+        if not env.startswith(prefix):
+            continue
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] != module:
+                raise
+            raise EnvError(f"--env {env}: {prefix}* ids are registered by the {module} "
+                           f"package, which is not installed here: {install}") from exc
+        return
+
+
+def env_spec(settings: EnvSettings) -> str | EnvSpec:
+    """The id or EnvSpec to hand to gymnasium for `--env` (an EnvSpec with the Atari
+    pipeline under `--atari`, or that drops observation keys when `--drop-observations`
+    asks).
+
+    Raises:
+        EnvError: an `--env-import` or `--env` module cannot be imported, `--env
+            module:Name` names neither a callable of the module nor an env id it
+            registers, an ALE/* id without ale-py, or `--atari` on an env that is not ALE.
     """
     _import_modules(settings.env_import)
+    _import_registering_package(settings.env)
     spec: str | EnvSpec = settings.env
     if ":" in settings.env:
         module_name, _, attr = settings.env.partition(":")
@@ -121,6 +159,8 @@ def env_spec(settings: EnvSettings) -> str | EnvSpec:
         # EnvId (gymnasium reports a bad id that is no Python name, e.g. ns/Name-v0).
         elif attr.isidentifier() and not _registered(attr):
             raise _no_such_env(settings.env, module, attr, target)
+    if getattr(settings, "atari", False):
+        spec = atari_spec(_registry_spec(spec) if isinstance(spec, str) else spec, settings)
     keys = getattr(settings, "drop_observations", ())
     if not keys:
         return spec
@@ -130,6 +170,18 @@ def env_spec(settings: EnvSettings) -> str | EnvSpec:
                        f"{DropObservations.__module__}:{DropObservations.__name__}",
                        {"keys": list(keys)})
     return dataclasses.replace(spec, additional_wrappers=(*spec.additional_wrappers, drop))
+
+
+def is_ale_env(settings: EnvSettings) -> bool:
+    """Whether `--env` is made by ale-py's AtariEnv (what `--atari` needs).
+
+    Raises:
+        EnvError: as env_spec.
+    """
+    spec = env_spec(dataclasses.replace(settings, atari=False, drop_observations=()))
+    if isinstance(spec, str):
+        spec = _registry_spec(spec)
+    return is_ale(spec)
 
 
 def _registry_spec(env: str) -> EnvSpec:
@@ -249,7 +301,9 @@ def describe_env(settings: EnvSettings) -> EnvDescription:
     try:
         observation_space = env.observation_space
         check_spaces(observation_space, env.action_space, settings.env)
-        return EnvDescription(observation_space, env.action_space)
+        return EnvDescription(observation_space, env.action_space,
+                              ale=is_ale(spec if not isinstance(spec, str)
+                                         else _registry_spec(spec)))
     finally:
         env.close()
 

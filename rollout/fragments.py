@@ -14,9 +14,10 @@ field is added here (and to the proto) and nowhere else. The proto's own message
 who sent them and with which weights).
 
 `serialize` turns `FragmentArrays` into the bytes of a `WorkerMessage`, copying each
-array once (the sending hot path); `to_message` builds the same message the readable
-way (tests hold the two equal); `from_message` turns one back and checks every array
-against the shapes the stream's Hello announced, so nothing malformed reaches training.
+array once (the sending hot path; stacked frames travel once per frame, stacks.py);
+`to_message` builds the same message the readable way (tests hold the two equal);
+`from_message` turns one back and checks every array against the shapes the stream's
+Hello announced, so nothing malformed reaches training.
 No sockets and no torch here: the rollout side and the learner's decode threads share it.
 """
 
@@ -31,6 +32,7 @@ from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
 from hetrl.rollout.errors import WireFormatError
 from hetrl.rollout.observations import SEPARATOR, Obs, ObsLayout
+from hetrl.rollout.stacks import packed, unpack
 
 ArrayT = TypeVar("ArrayT")
 
@@ -215,6 +217,10 @@ _LEAVES_FIELD = hetrl_pb2.Fragment.DESCRIPTOR.fields_by_name["observation_leaves
 _LEAF_ARRAY_FIELD = hetrl_pb2.NamedArray.DESCRIPTOR.fields_by_name["array"].number
 _ARRAY_NUMBERS = {name: hetrl_pb2.Fragment.DESCRIPTOR.fields_by_name[name].number
                   for name in ARRAY_FIELDS}
+_STACKS_FIELD = hetrl_pb2.Fragment.DESCRIPTOR.fields_by_name["observation_stacks"].number
+_STACKS_FIELDS = ("frames", "whole")
+_STACKS_NUMBERS = {name: hetrl_pb2.FrameStacks.DESCRIPTOR.fields_by_name[name].number
+                   for name in _STACKS_FIELDS}
 
 
 def _scalars(
@@ -260,6 +266,16 @@ def serialize(
                 parts += [_field_header(_LEAVES_FIELD, len(label) + len(array_head) + inner),
                           label, array_head, *ndarray]
             continue
+        stacks = packed(value) if name == "observations" else None
+        if stacks is not None:  # frame stacks: each frame once
+            stack_parts: list[bytes | memoryview] = []
+            for field, array in zip(_STACKS_FIELDS, stacks, strict=True):
+                ndarray = _ndarray_parts(f"observation stacks {field}", array)
+                stack_parts += [_field_header(_STACKS_NUMBERS[field],
+                                              sum(len(p) for p in ndarray)), *ndarray]
+            parts += [_field_header(_STACKS_FIELD, sum(len(p) for p in stack_parts)),
+                      *stack_parts]
+            continue
         ndarray = _ndarray_parts(name, value)
         parts += [_field_header(number, sum(len(p) for p in ndarray)), *ndarray]
     size = sum(len(p) for p in parts)
@@ -287,6 +303,9 @@ def to_message(arrays: FragmentArrays, *header: Any, **named: Any) -> hetrl_pb2.
             continue
         if isinstance(value, dict):
             fields["observation_leaves"] = wire.encode_named(value)
+        elif name == "observations" and (stacks := packed(value)) is not None:
+            fields["observation_stacks"] = hetrl_pb2.FrameStacks(
+                frames=wire.encode(stacks[0]), whole=wire.encode(stacks[1]))
         else:
             fields[name] = wire.encode(value)
     scalars = _scalars(arrays, *header, **named)
@@ -294,11 +313,14 @@ def to_message(arrays: FragmentArrays, *header: Any, **named: Any) -> hetrl_pb2.
 
 
 def decode_observations(
-    message: Any, expected: Obs, what: str = "fragment observations"
+    message: Any, expected: Obs, what: str = "fragment observations",
+    previous: np.ndarray | None = None,
 ) -> Obs:
-    """The observations of a Fragment or EnvStep message (`observations`, or a nested
-    space's `observation_leaves`), each array checked against `expected` (shape and
-    dtype, a tree of them) and in native byte order.
+    """The observations of a Fragment or EnvStep message (`observations`, frame stacks
+    rebuilt from `observation_stacks`, or a nested space's `observation_leaves`), each
+    array checked against `expected` (shape and dtype, a tree of them) and in native
+    byte order. `previous`: an EnvStep's stacks are rebuilt after it (the observations
+    of the group's step before).
 
     Raises:
         WireFormatError: a leaf missing, unknown or repeated, or of the wrong dtype or shape.
@@ -306,14 +328,31 @@ def decode_observations(
     if not isinstance(expected, dict):
         if message.observation_leaves:
             raise WireFormatError(f"{what}: observation leaves where a Box was expected")
+        if _has(message, "observation_stacks"):
+            if message.HasField("observations"):
+                raise WireFormatError(f"{what}: both plain observations and frame stacks")
+            stacks = message.observation_stacks
+            if expected[1] != np.uint8:
+                raise WireFormatError(f"{what}: frame stacks where {expected[1]} was expected")
+            one_step = isinstance(message, hetrl_pb2.EnvStep)  # one row, [n, ...]
+            shape = (1, *expected[0]) if one_step else expected[0]
+            rebuilt = unpack(wire.to_native(wire.decode(stacks.frames)),
+                             wire.to_native(wire.decode(stacks.whole)), shape,
+                             previous if one_step else None)
+            return rebuilt[0] if one_step else rebuilt
         return checked(wire.decode(message.observations), expected, what)
-    if message.HasField("observations"):
+    if message.HasField("observations") or _has(message, "observation_stacks"):
         raise WireFormatError(f"{what}: one array where leaves {sorted(expected)} were expected")
     decoded = wire.decode_named(message.observation_leaves)
     if set(decoded) != set(expected):
         raise WireFormatError(f"{what}: leaves {sorted(decoded)}, expected {sorted(expected)}")
     return {leaf: checked(decoded[leaf], expected[leaf], f"{what} {leaf!r}")
             for leaf in expected}
+
+
+def _has(message: Any, field: str) -> bool:
+    """Whether `message` (a Fragment or an EnvStep) has this field and it is set."""
+    return field in message.DESCRIPTOR.fields_by_name and message.HasField(field)
 
 
 def checked(array: np.ndarray, expected: Expected, what: str) -> np.ndarray:

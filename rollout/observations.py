@@ -84,6 +84,12 @@ class Leaf:
         return int(np.prod(self.shape))
 
 
+def is_image(shape: tuple[int, ...] | None, dtype: Any) -> bool:
+    """Whether an array of this shape and dtype is pixels: uint8 (H, W), (H, W, C) or
+    (C, H, W), which the built-in networks read with a CNN."""
+    return np.dtype(dtype) == np.uint8 and len(shape or ()) in (2, 3)
+
+
 def _leaf(name: str, space: gym.Space, env: str) -> Leaf:
     import gymnasium as gym
 
@@ -92,8 +98,8 @@ def _leaf(name: str, space: gym.Space, env: str) -> Leaf:
         dtype = np.dtype(space.dtype)
         if dtype.kind not in "biuf":
             raise EnvError(f"{where}: dtype {dtype} is not numeric")
-        image = dtype == np.uint8 and len(space.shape) in (2, 3)
-        return Leaf(name, tuple(space.shape), dtype, IMAGE if image else VECTOR)
+        return Leaf(name, tuple(space.shape), dtype,
+                    IMAGE if is_image(space.shape, dtype) else VECTOR)
     if isinstance(space, gym.spaces.Discrete):
         return Leaf(name, (), np.dtype(np.int64), ONE_HOT, (int(space.n),), (int(space.start),))
     if isinstance(space, gym.spaces.MultiDiscrete):

@@ -39,6 +39,7 @@ from hetrl.rollout.observations import (
     Obs,
     ObsLayout,
     batch_size,
+    is_image,
     tree_map,
 )
 from hetrl.rollout.settings import PolicySettings
@@ -127,11 +128,11 @@ class ImageEncoder(nn.Module):
     [0, 1]), sized to the image: the Nature DQN stack from 64 pixels a side (84x84
     Atari frames), strided 4x4 and 3x3 convolutions from 16, and two padded 3x3
     convolutions below that (grids such as MiniGrid's 7x7 would vanish under strides);
-    then one 256-wide layer."""
+    then one `features`-wide layer."""
 
     FEATURES = 256
 
-    def __init__(self, shape: tuple[int, ...]) -> None:
+    def __init__(self, shape: tuple[int, ...], features: int = FEATURES) -> None:
         super().__init__()
         self.channels_last = image_channels_last(shape)
         self.add_channel = len(shape) == 2
@@ -153,7 +154,7 @@ class ImageEncoder(nn.Module):
         self.convs = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
             flat = self.convs(self._channels_first(torch.zeros(1, *shape))).shape[1]
-        self.out = nn.Sequential(_layer(flat, self.FEATURES, math.sqrt(2)), nn.ReLU())
+        self.out = nn.Sequential(_layer(flat, features, math.sqrt(2)), nn.ReLU())
 
     def _channels_first(self, images: torch.Tensor) -> torch.Tensor:
         if self.add_channel:
@@ -162,6 +163,25 @@ class ImageEncoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.out(self.convs(self._channels_first(images)))
+
+
+class ImageActorCritic(nn.Module):
+    """The built-in network for a Box of pixels (uint8, (H, W), (H, W, C) or (C, H, W),
+    a frame stack counting as channels): the Nature DQN network of CleanRL's ppo_atari
+    for 84x84 Atari stacks (`ImageEncoder` to 512 features, shared by a linear actor
+    head and a linear critic), a smaller CNN for small images."""
+
+    FEATURES = 512
+
+    def __init__(self, shape: tuple[int, ...], head_dim: int) -> None:
+        super().__init__()
+        self.encoder = ImageEncoder(shape, self.FEATURES)
+        self.actor = _layer(self.FEATURES, head_dim, 0.01)
+        self.critic = _layer(self.FEATURES, 1, 1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.encoder(obs)
+        return self.actor(features), self.critic(features).squeeze(-1)
 
 
 def _module_key(leaf: str) -> str:
@@ -331,6 +351,8 @@ class Policy(nn.Module):
             self.net = _load_custom(settings.policy, observation_space, action_space)
         elif nested:
             self.net = MultiInputActorCritic(self.obs_layout, head_dim, settings)
+        elif self.scale_uint8 and is_image(observation_space.shape, np.uint8):
+            self.net = ImageActorCritic(tuple(observation_space.shape or ()), head_dim)
         else:
             obs_dim = int(np.prod(observation_space.shape or ()))
             self.net = MLPActorCritic(obs_dim, head_dim, settings)
@@ -345,7 +367,7 @@ class Policy(nn.Module):
         actor and the Gaussian's log-std), for the actor's share of the gradient; None
         for a custom --policy, whose parts hetrl cannot tell apart."""
         if not isinstance(self.net, (MLPActorCritic, MultiInputActorCritic,
-                                     RecurrentActorCritic)):
+                                     RecurrentActorCritic, ImageActorCritic)):
             return None
         extra = [self.log_std] if hasattr(self, "log_std") else []
         return [*self.net.actor.parameters(), *extra]

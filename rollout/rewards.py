@@ -1,4 +1,5 @@
-"""Reward normalisation for training: rewards divided by the running std of the return.
+"""Reward shaping for training: sign clipping (--clip-rewards), and normalisation, the
+rewards divided by the running std of the return.
 
 Each worker keeps, for each of its envs, the discounted return so far
 (R <- gamma * R + r, restarted at every episode end) and the running variance of those
@@ -6,13 +7,19 @@ returns over all its envs; a fragment's rewards are divided by that std (after t
 statistics take in the fragment) and clipped. This is the usual PPO reward scaling for
 MuJoCo; per worker is correct in a distributed run, since it changes only the training
 signal. It must not touch the episode returns a fragment reports: those stay raw, so
-the curves read in the env's own units. Steps with valid = 0 (autoreset steps and
-aborted episodes) neither update the statistics nor carry a reward. No torch here.
+the curves read in the env's own units (sign clipping likewise). Steps with valid = 0
+(autoreset steps and aborted episodes) neither update the statistics nor carry a
+reward. No torch here.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+
+def clip_rewards(rewards: np.ndarray) -> np.ndarray:
+    """Rewards as their sign (--clip-rewards), float32; masked steps' zeros stay zero."""
+    return np.sign(rewards).astype(np.float32)
 
 
 class RunningVariance:

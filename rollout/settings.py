@@ -43,9 +43,32 @@ class EnvSettings:
     drop_observations: tuple[str, ...] = ()
     """Keys of a Dict observation to drop before hetrl sees them (e.g. `mission`,
     MiniGrid's text, which no policy can read); every process drops them alike."""
+    atari: bool = False
+    """The standard Atari pipeline on an ALE env (the atari preset turns it on for
+    ALE/* ids): 1 to --atari-noop-max no-ops after a reset, --atari-frame-skip frames
+    per step with the last two max-pooled, grayscale --atari-screen-size squares, FIRE
+    after a reset where the game waits for it, --atari-frame-stack frames stacked. The
+    same env in training, evaluation and `hetrl enjoy`; episodic life and reward
+    clipping act on training only (--episodic-life, --clip-rewards)."""
+    atari_noop_max: int = 30
+    """Most no-op steps after a reset (--atari); 0: none."""
+    atari_frame_skip: int = 4
+    """Emulator frames per agent step (--atari), the last two max-pooled."""
+    atari_screen_size: int = 84
+    """Side of the grayscale square each frame is resized to (--atari)."""
+    atari_frame_stack: int = 4
+    """Frames stacked into one observation, newest last (--atari); 1: no stack."""
+    atari_sticky_actions: float = 0.25
+    """Chance the emulator repeats the previous action on each frame (--atari; ALE v5's
+    default, Machado et al. 2018); 0: deterministic."""
 
     def __post_init__(self) -> None:
         require(bool(self.env.strip()), "--env must name a gymnasium id or module:Class")
+        for name in ("atari_frame_skip", "atari_screen_size", "atari_frame_stack"):
+            value = getattr(self, name)
+            require(value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        require(self.atari_noop_max >= 0, "--atari-noop-max must be >= 0")
+        require(0 <= self.atari_sticky_actions <= 1, "--atari-sticky-actions must be in [0, 1]")
         self.env_import = tuple(self.env_import)
         self.drop_observations = tuple(self.drop_observations)
         _chain_post_init(self, EnvSettings)
@@ -131,6 +154,13 @@ class RolloutSettings:
     reward_norm_gamma: float = 0.99
     """Discount of the returns whose std scales the rewards (--normalize-rewards); keep it
     equal to --gamma."""
+    clip_rewards: bool = False
+    """Train on the sign of each reward (-1, 0 or 1; DQN's Atari reward clipping, on by
+    the atari preset); reported episode returns stay in the game's own score."""
+    episodic_life: bool = False
+    """A lost life ends the value target (terminal for training) while the game goes
+    on, for envs that report `lives` in their info (ALE envs; on by the atari preset);
+    episodes, reported returns and evaluation stay whole games."""
 
     def __post_init__(self) -> None:
         for name in ("envs_per_worker", "fragment_length", "worker_torch_threads"):

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
+from hetrl.rollout.atari import LifeCounter
 from hetrl.rollout.envs import FAULT_KEY, FailureBudget, in_space_dtype
 from hetrl.rollout.errors import EnvError, EnvUnhealthyError, NonFiniteError
 from hetrl.rollout.observations import Obs, ObsLayout, finite_rows
@@ -37,6 +38,9 @@ class StepResult(NamedTuple):
     truncated: np.ndarray
     faulted: np.ndarray
     """Envs that failed in this step and were recreated: their episode is lost."""
+    life_lost: np.ndarray | None = None
+    """Envs whose game lost a life and goes on (--episodic-life: terminal for the value
+    target only); None: not asked for."""
 
 
 class EnvStepper:
@@ -46,6 +50,7 @@ class EnvStepper:
         self, envs: gym.vector.VectorEnv,
         remake: Callable[[], gym.vector.VectorEnv] | None = None,
         failure_rate: float = 0.25, failure_window: int = 100, nonfinite: str = "drop",
+        episodic_life: bool = False,
     ) -> None:
         self.envs, self.remake, self.nonfinite = envs, remake, nonfinite
         # Whole-vector recreations (unguarded vector envs), budgeted per vector step.
@@ -53,6 +58,8 @@ class EnvStepper:
         self.num_envs = envs.num_envs
         self.layout = ObsLayout.of(envs.single_observation_space)
         self.busy_since: float | None = None  # monotonic start of the running env call
+        self.lives = LifeCounter(self.num_envs) if episodic_life else None
+        self._warned_no_lives = False
 
     def _env_call(self, fn, *args, **kwargs):
         self.busy_since = time.monotonic()
@@ -63,7 +70,9 @@ class EnvStepper:
 
     def reset(self, seed: int | None = None) -> Obs:
         """Reset every env (a new episode each); return the first observations."""
-        obs, _ = self._env_call(self.envs.reset, seed=seed)
+        obs, info = self._env_call(self.envs.reset, seed=seed)
+        if self.lives is not None:
+            self.lives.reset(info)
         return self.layout.flatten(obs)
 
     def step(self, env_actions: np.ndarray) -> StepResult:
@@ -94,7 +103,18 @@ class EnvStepper:
                                      "(--nonfinite fail, or an env hetrl cannot recreate)")
             return self._remake_all(NonFiniteError("non-finite observation or reward"))
         self.vector_budget.call()
-        return StepResult(obs, reward, term, trunc, faulted)
+        return StepResult(obs, reward, term, trunc, faulted,
+                          self._life_lost(info, term | trunc))
+
+    def _life_lost(self, info: dict, ended: np.ndarray) -> np.ndarray | None:
+        if self.lives is None:
+            return None
+        lost = self.lives.lost(info, np.asarray(ended, dtype=bool))
+        if not self.lives.seen and not self._warned_no_lives:
+            self._warned_no_lives = True
+            log.warning("--episodic-life: the env reports no 'lives' in its info (ALE "
+                        "envs do); no lost life ends a value target early")
+        return lost
 
     def _remake_all(self, exc: Exception) -> StepResult:
         if self.vector_budget.fail():

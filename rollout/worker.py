@@ -37,7 +37,7 @@ from hetrl.rollout.errors import ConfigError, NonFiniteError, WireFormatError
 from hetrl.rollout.lifetime import exit_now
 from hetrl.rollout.observations import ObsLayout
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
-from hetrl.rollout.rewards import RewardNormalizer
+from hetrl.rollout.rewards import RewardNormalizer, clip_rewards
 from hetrl.rollout.serving import (  # noqa: F401 (SERVICE_NAME, WorkerState: re-exported)
     SERVICE_NAME,
     StreamServer,
@@ -127,7 +127,7 @@ class RolloutWorker(StreamServer):
         self.collector = Collector(
             self.envs, self.policy, s.fragment_length, self.seed, remake=self._make_envs,
             failure_rate=s.env_failure_rate, failure_window=s.env_failure_window,
-            nonfinite=s.nonfinite,
+            nonfinite=s.nonfinite, episodic_life=s.episodic_life,
         )
 
     def _env_progress(self, event: str) -> None:
@@ -203,11 +203,14 @@ class RolloutWorker(StreamServer):
             self.delivered(self.fragments_sent)
 
     def _collect(self, inbox: _Inbox) -> fragments.FragmentArrays | None:
-        """One fragment, its rewards normalised for training (episode returns stay raw);
+        """One fragment, its rewards clipped and normalised for training as asked (episode
+        returns stay raw);
         None when the learner's Stop arrives before it is complete."""
         arrays = self.collector.collect_unless(lambda: inbox.stop_reason is not None)
         if arrays is None:
             return None
+        if self.settings.clip_rewards:
+            arrays.rewards = clip_rewards(arrays.rewards)
         if self.normalize_rewards is not None:
             arrays.rewards = self.normalize_rewards(
                 arrays.rewards, arrays.terminated, arrays.truncated, arrays.valid)

@@ -73,7 +73,10 @@ def test_the_other_sections_keep_their_order(capsys, monkeypatch) -> None:
     sections = _sections(_help("local", capsys, monkeypatch))
     assert list(sections) == ["essentials", "env", "run", "algorithm", "policy", "rollout",
                               "evaluation", "checkpoints", "output", "reliability"]
-    assert list(sections["env"]) == ["--env-import", "--drop-observations"]
+    assert list(sections["env"]) == ["--env-import", "--drop-observations", "--atari",
+                                     "--atari-noop-max", "--atari-frame-skip",
+                                     "--atari-screen-size", "--atari-frame-stack",
+                                     "--atari-sticky-actions"]
     assert "--startup-timeout" in sections["run"] and "--workers" not in sections["run"]
     assert "--learning-rate" in sections["algorithm"]
     essentials = sections["essentials"]
@@ -90,6 +93,7 @@ def test_a_default_a_preset_replaces_names_the_presets(command: str, capsys,
         "(default: 0.001; presets: continuous 0.0003, atari 0.00025)")
     assert flags["--fragment-length"].endswith("(default: 64; presets: atari 128)")
     assert flags["--normalize-rewards"].endswith("(default: True; presets: atari False)")
+    assert flags["--atari"].endswith("(default: False; presets: atari True)")
     # continuous sets fragments_per_batch to its shipped default: nothing to say
     assert flags["--fragments-per-batch"].endswith("(default: auto)")
     set_by_a_preset = {f"--{name.replace('_', '-')}" for values in PRESETS.values()

@@ -33,15 +33,43 @@ def test_chosen_from_the_envs_spaces(env: str, expected: str) -> None:
         made.close()
 
 
-def test_pixels_choose_atari() -> None:
+def test_atari_games_choose_atari_and_other_pixels_their_actions() -> None:
     import ale_py
 
     gym.register_envs(ale_py)
     made = gym.make("ALE/Pong-v5")
     try:
-        assert preset_for(made.observation_space, made.action_space)[0] == "atari"
+        assert preset_for(made.observation_space, made.action_space, ale=True)[0] == "atari"
+        # the same frames from a simulator of the user's own: chosen by its actions
+        name, why = preset_for(made.observation_space, made.action_space)
+        assert name == "classic" and "image observations (210, 160, 3) (a CNN)" in why
+        box = gym.spaces.Box(-1, 1, (2,))
+        assert preset_for(made.observation_space, box)[0] == "continuous"
     finally:
         made.close()
+
+
+def test_the_atari_preset_brings_the_atari_pipeline_to_ale_envs_only() -> None:
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    settings, line = apply_preset(LocalSettings(env="ALE/Pong-v5"), set())
+    assert settings.preset == "atari"
+    assert settings.atari and settings.episodic_life and settings.clip_rewards
+    assert "atari=True, episodic_life=True, clip_rewards=True" in line
+    # A pixel env that is no Atari game: chosen by its actions; --preset atari on it
+    # brings the training settings, not the Atari pipeline.
+    pixels, line = apply_preset(LocalSettings(env="tests.fixtures.envs:LitQuadrant"), set())
+    assert pixels.preset == "classic" and "image observations (3, 32, 32)" in line
+    asked, line = apply_preset(
+        LocalSettings(env="tests.fixtures.envs:LitQuadrant", preset="atari"), set())
+    assert asked.learning_rate == PRESETS["atari"]["learning_rate"]
+    assert not (asked.atari or asked.episodic_life or asked.clip_rewards)
+    assert "atari=True" not in line
+    # --preset none leaves the env raw; a user's --no-atari is kept.
+    raw, _ = apply_preset(LocalSettings(env="ALE/Pong-v5", preset="none"), set())
+    assert not raw.atari
+    kept, line = apply_preset(LocalSettings(env="ALE/Pong-v5"), {"atari"})
+    assert not kept.atari and kept.clip_rewards and "yours kept: atari" in line
 
 
 def test_continuous_preset_fills_what_is_not_given() -> None:

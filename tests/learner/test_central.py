@@ -28,7 +28,7 @@ from hetrl.rollout import wire
 from hetrl.rollout.collector import Collector
 from hetrl.rollout.env_server import EnvServer, env_step_message, group_sizes
 from hetrl.rollout.envs import action_dtype, make_vector_env
-from hetrl.rollout.errors import ProtocolError
+from hetrl.rollout.errors import ProtocolError, WireFormatError
 from hetrl.rollout.observations import ObsLayout
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.serving import add_to_server
@@ -181,6 +181,94 @@ def test_central_assembly_cuts_fragments_exactly_as_the_collector_does() -> None
             np.testing.assert_array_equal(getattr(fragment, name), getattr(want, name),
                                           err_msg=name)
         assert sorted(fragment.episode_returns) == sorted(want.episode_returns)
+
+
+def test_lost_lives_and_clipped_rewards_reach_the_learners_fragments() -> None:
+    """--episodic-life and --clip-rewards under central inference: the env server sends
+    which envs lost a life, the learner's fragments end value targets there and train
+    on reward signs, while the reported return stays the raw sum."""
+    hello = hetrl_pb2.Hello(worker_id=0, num_envs=2, fragment_length=3, env_groups=2,
+                            clip_rewards=True)
+    shapes = CentralShapes(ObsLayout.box((3,), np.float32), (), np.dtype(np.int64))
+    sent: list[hetrl_pb2.Actions] = []
+
+    class Answers:
+        def submit(self, observations, reply, memory=None):
+            zeros = np.zeros(len(observations), np.int64)
+            reply(zeros, np.zeros(len(observations), np.float32), zeros, 1)
+
+    assembler = CentralAssembler(hello, shapes, credits=1, inference=Answers(),
+                                 send=sent.append)
+    no = np.zeros(1, dtype=bool)
+    steps = [  # group 1 steps alike without losing lives
+        (np.float32(0), no, no),
+        (np.float32(5), np.ones(1, bool), no),  # a life lost, 5 points
+        (np.float32(2), no, no),
+        (np.float32(-3), no, np.ones(1, bool)),  # game over
+    ]
+    got = []
+    for step, (reward, lost, ended) in enumerate(steps):
+        for group in range(2):
+            message = env_step_message(group, step, np.zeros((1, 3), np.float32),
+                                       np.full(1, reward), ended, no, no,
+                                       life_lost=lost if step and group == 0 else no)
+            got += assembler.on_env_step(hetrl_pb2.WorkerMessage.FromString(message).env_step)
+    ((fragment, _, _),) = got
+    np.testing.assert_array_equal(fragment.terminated, [[True, False], [False, False],
+                                                         [True, True]])
+    np.testing.assert_array_equal(fragment.rewards, [[1, 1], [1, 1], [-1, -1]])
+    assert fragment.episode_returns.tolist() == [4.0, 4.0]
+    bad = env_step_message(0, 4, np.zeros((1, 3), np.float32), np.zeros(1), no, no, no,
+                           life_lost=np.zeros(2, bool))
+    with pytest.raises(WireFormatError, match="life_lost"):
+        assembler.on_env_step(hetrl_pb2.WorkerMessage.FromString(bad).env_step)
+
+
+def test_frame_stacks_reach_the_central_learner_as_new_frames_and_rebuild_exactly() -> None:
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    settings = WorkerSettings(env="ALE/Breakout-v5", atari=True)
+    steppers = [EnvStepper(make_vector_env(settings, 1, "sync")) for _ in range(2)]
+    try:
+        obs_space = steppers[0].envs.single_observation_space
+        hello = hetrl_pb2.Hello(worker_id=0, num_envs=2, fragment_length=40, env_groups=2)
+        shapes = CentralShapes(ObsLayout.of(obs_space), (), np.dtype(np.int64))
+        sent: list[hetrl_pb2.Actions] = []
+
+        class Random:
+            def submit(self, observations, reply, memory=None):
+                actions = np.random.default_rng(len(sent)).integers(0, 4, len(observations))
+                reply(actions, np.zeros(len(observations), np.float32), actions, 1)
+
+        assembler = CentralAssembler(hello, shapes, credits=1, inference=Random(),
+                                     send=sent.append)
+        seen: list[list[np.ndarray]] = [[], []]
+        held: list = [None, None]
+        sizes, got = [], []
+        no = np.zeros(1, bool)
+        for g in range(2):
+            obs = steppers[g].reset(seed=g)
+            seen[g].append(obs.copy())
+            held[g] = obs.copy()
+            raw = env_step_message(g, 0, obs, np.zeros(1, np.float32), no, no, no)
+            got += assembler.on_env_step(hetrl_pb2.WorkerMessage.FromString(raw).env_step)
+        for step in range(1, 41):
+            for g in range(2):
+                result = steppers[g].step(wire.decode(sent.pop(0).actions))
+                seen[g].append(result.observations.copy())
+                raw = env_step_message(g, step, *result, previous=held[g])
+                held[g] = result.observations.copy()
+                sizes.append(len(raw))
+                got += assembler.on_env_step(
+                    hetrl_pb2.WorkerMessage.FromString(raw).env_step)
+        ((fragment, _, _),) = got
+        for g in range(2):
+            np.testing.assert_array_equal(fragment.observations[:, g], np.stack(seen[g])[:, 0])
+        whole = obs_space.shape[0] * 84 * 84
+        assert np.median(sizes) < 0.3 * whole, sizes
+    finally:
+        for stepper in steppers:
+            stepper.close()
 
 
 def test_a_learner_in_central_mode_refuses_a_worker_inference_worker() -> None:

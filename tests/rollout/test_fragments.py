@@ -51,8 +51,10 @@ def test_the_definition_is_the_proto_s_fragment() -> None:
     fields = hetrl_pb2.Fragment.DESCRIPTOR.fields
     arrays = {f.name for f in fields if f.message_type is hetrl_pb2.NDArray.DESCRIPTOR}
     assert set(ARRAY_FIELDS) == arrays, "add the field to protos/hetrl.proto as NDArray too"
-    # A nested space's observations travel as named leaves in observation_leaves.
-    scalars = {f.name for f in fields} - arrays - ORIGIN - {"observation_leaves"}
+    # A nested space's observations travel as named leaves in observation_leaves, stacked
+    # frames as their new frames in observation_stacks.
+    scalars = ({f.name for f in fields} - arrays - ORIGIN
+               - {"observation_leaves", "observation_stacks"})
     assert set(SCALAR_FIELDS) == scalars, "add the field to protos/hetrl.proto too"
 
 
