@@ -62,6 +62,15 @@ def run(policy: str, seed: int, s: Settings) -> dict:
             "wall_s": round(time.perf_counter() - start, 1)}
 
 
+def record_name(s: Settings) -> str:
+    """summary_memory for the default runs; another set of policies or step budget names
+    its own record, so a partial run never overwrites the whole one."""
+    shipped = Settings()
+    if (s.policies, s.total_steps) == (shipped.policies, shipped.total_steps) or s.quick:
+        return "summary_memory"
+    return f"summary_memory-{'-'.join(s.policies)}-{s.total_steps}"
+
+
 def main(argv: list[str] | None = None) -> dict:
     s = tyro.cli(Settings, args=argv, description=__doc__)
     if s.quick:
@@ -79,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
         "feed_forward_reached_threshold": sum(r["first_step_at_threshold"] is not None
                                               for r in plain),
         "seeds": len(s.seeds),
-        "pass": bool(lstm) and all(r["first_step_at_threshold"] is not None for r in lstm)
+        # over the runs made: a feed-forward-only run (--policies none) checks that half
+        "pass": all(r["first_step_at_threshold"] is not None for r in lstm)
         and not any(r["first_step_at_threshold"] is not None for r in plain),
     }
     rows = [[r["policy"], r["seed"], f"{r['first_step_at_threshold']:,}"
@@ -91,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"feed-forward one does: {'PASS' if summary['pass'] else 'FAIL'}",
         ["--recurrent", "seed", f"first step >= {s.threshold:.0f}", "final mean(100)",
          "best mean(100)", "wall s"], rows)
-    common.write_json("summary_memory", s, {"runs": runs, "summary": summary})
+    common.write_json(record_name(s), s, {"runs": runs, "summary": summary})
     return summary
 
 
