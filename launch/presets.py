@@ -125,7 +125,9 @@ def apply_preset(settings: S, explicit: Collection[str] | None = None) -> tuple[
         explicit = changed_fields(settings)
     fields = {f.name for f in dataclasses.fields(settings)}  # type: ignore[arg-type]
     preset = dict(PRESETS[name])
-    if name == "atari" and "atari" in fields and not is_ale_env(settings):  # type: ignore[arg-type]
+    # auto chose atari from the env itself (an ALE env); a named preset is checked here
+    if (name == "atari" and requested != "auto" and "atari" in fields
+            and not is_ale_env(settings)):  # type: ignore[arg-type]
         preset = {k: v for k, v in preset.items() if k not in ATARI_ENV_SIDE}
     values = {k: v for k, v in preset.items() if k in fields and k not in explicit}
     kept = sorted(k for k in preset if k in fields and k in explicit)

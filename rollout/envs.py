@@ -160,12 +160,11 @@ def env_spec(settings: EnvSettings) -> str | EnvSpec:
         elif attr.isidentifier() and not _registered(attr):
             raise _no_such_env(settings.env, module, attr, target)
     if getattr(settings, "atari", False):
-        spec = atari_spec(_registry_spec(spec) if isinstance(spec, str) else spec, settings)
+        spec = atari_spec(_as_spec(spec), settings)
     keys = getattr(settings, "drop_observations", ())
     if not keys:
         return spec
-    if isinstance(spec, str):
-        spec = _registry_spec(spec)
+    spec = _as_spec(spec)
     drop = WrapperSpec(DropObservations.__name__,
                        f"{DropObservations.__module__}:{DropObservations.__name__}",
                        {"keys": list(keys)})
@@ -178,10 +177,13 @@ def is_ale_env(settings: EnvSettings) -> bool:
     Raises:
         EnvError: as env_spec.
     """
-    spec = env_spec(dataclasses.replace(settings, atari=False, drop_observations=()))
-    if isinstance(spec, str):
-        spec = _registry_spec(spec)
-    return is_ale(spec)
+    return is_ale(_as_spec(env_spec(dataclasses.replace(settings, atari=False,
+                                                         drop_observations=()))))
+
+
+def _as_spec(spec: str | EnvSpec) -> EnvSpec:
+    """The EnvSpec of what env_spec returned (a registered id's, for an id)."""
+    return _registry_spec(spec) if isinstance(spec, str) else spec
 
 
 def _registry_spec(env: str) -> EnvSpec:
@@ -301,9 +303,7 @@ def describe_env(settings: EnvSettings) -> EnvDescription:
     try:
         observation_space = env.observation_space
         check_spaces(observation_space, env.action_space, settings.env)
-        return EnvDescription(observation_space, env.action_space,
-                              ale=is_ale(spec if not isinstance(spec, str)
-                                         else _registry_spec(spec)))
+        return EnvDescription(observation_space, env.action_space, ale=is_ale(_as_spec(spec)))
     finally:
         env.close()
 
