@@ -37,7 +37,7 @@ from hetrl.rollout import wire
 from hetrl.rollout.envs import action_dtype, make_vector_env
 from hetrl.rollout.errors import WireFormatError
 from hetrl.rollout.lifetime import exit_now
-from hetrl.rollout.observations import Obs, tree_map
+from hetrl.rollout.observations import Obs
 from hetrl.rollout.serving import (
     StreamServer,
     exit_code_of,
@@ -47,7 +47,7 @@ from hetrl.rollout.serving import (
     worker_seed,
 )
 from hetrl.rollout.settings import WorkerSettings
-from hetrl.rollout.stacks import packed
+from hetrl.rollout.stacks import packed, stackable
 from hetrl.rollout.stepping import EnvStepper, StepResult
 
 log = logging.getLogger("hetrl.worker")
@@ -63,7 +63,7 @@ def group_sizes(num_envs: int) -> list[int]:
 def env_step_message(group: int, step: int, observations: Obs, rewards: np.ndarray,
                      terminated: np.ndarray, truncated: np.ndarray, faulted: np.ndarray,
                      life_lost: np.ndarray | None = None, step_seconds: float = 0.0,
-                     previous: Obs | None = None) -> bytes:
+                     previous: np.ndarray | None = None) -> bytes:
     """The serialized WorkerMessage of one group's step (the arrays in `StepResult`'s
     order; a nested space's observations as named leaves; `life_lost` only with
     --episodic-life). Frame stacks travel as their new frames after `previous`, the
@@ -71,7 +71,7 @@ def env_step_message(group: int, step: int, observations: Obs, rewards: np.ndarr
     obs: dict
     if isinstance(observations, dict):
         obs = {"observation_leaves": wire.encode_named(observations)}
-    elif (stacks := packed(observations[None], _array_or_none(previous))) is not None:
+    elif (stacks := packed(observations[None], previous)) is not None:
         obs = {"observation_stacks": hetrl_pb2.FrameStacks(
             frames=wire.encode(stacks[0]), whole=wire.encode(stacks[1]))}
     else:
@@ -88,8 +88,12 @@ def env_step_message(group: int, step: int, observations: Obs, rewards: np.ndarr
     )).SerializeToString()
 
 
-def _array_or_none(obs: Obs | None) -> np.ndarray | None:
-    return obs if isinstance(obs, np.ndarray) else None
+def _held(obs: Obs) -> np.ndarray | None:
+    """What the learner holds of a group's step for the next one's frame stacks: a copy
+    (a vector env may reuse its buffers), and only of observations that may be stacks."""
+    if isinstance(obs, np.ndarray) and stackable(obs.shape[1:], obs.dtype):
+        return obs.copy()
+    return None
 
 
 class _ActionInbox:
@@ -191,7 +195,7 @@ class EnvServer(StreamServer):
         expected = []
         # Each group's observations as the learner holds them: frame stacks after them
         # travel as their new frames (a copy: a vector env may reuse its buffers).
-        sent: list[Obs | None] = [None] * len(self.groups)
+        sent: list[np.ndarray | None] = [None] * len(self.groups)
         for g, stepper in enumerate(self.groups):
             start = time.perf_counter()
             obs = self.guarded(context, lambda s=stepper, g=g: s.reset(seed=self._seeds[g]))
@@ -199,7 +203,7 @@ class EnvServer(StreamServer):
             n = self.sizes[g]
             zeros = np.zeros(n, dtype=bool)
             expected.append(1)
-            sent[g] = tree_map(np.copy, obs)
+            sent[g] = _held(obs)
             yield env_step_message(g, 0, obs, np.zeros(n, np.float32), zeros, zeros, zeros,
                                    step_seconds=time.perf_counter() - start)
         while True:
@@ -234,7 +238,7 @@ class EnvServer(StreamServer):
                                      result.terminated, result.truncated, result.faulted,
                                      result.life_lost, time.perf_counter() - start,
                                      previous=sent[group])
-            sent[group] = tree_map(np.copy, result.observations)
+            sent[group] = _held(result.observations)
             yield reply
 
     def _check_actions(self, message: hetrl_pb2.Actions, expected: list[int]
