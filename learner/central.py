@@ -31,7 +31,7 @@ from hetrl.rollout.env_server import group_sizes
 from hetrl.rollout.errors import ProtocolError, WireFormatError
 from hetrl.rollout.fragments import FragmentArrays, checked, decode_observations
 from hetrl.rollout.observations import Obs, ObsLayout, all_finite
-from hetrl.rollout.rewards import RewardNormalizer, clip_rewards
+from hetrl.rollout.rewards import RewardNormalizer, training_rewards
 from hetrl.rollout.stepping import StepResult
 
 Reply = Callable[..., None]
@@ -177,11 +177,9 @@ class CentralAssembler:
         while all(g.done for g in self.groups):
             parts = [g.done.pop(0) for g in self.groups]
             fragment = join_groups([p[0] for p in parts])
-            if self.clip_rewards:  # the episode returns stay raw
-                fragment.rewards = clip_rewards(fragment.rewards)
-            if self.normalizer is not None:
-                fragment.rewards = self.normalizer(fragment.rewards, fragment.terminated,
-                                                   fragment.truncated, fragment.valid)
+            fragment.rewards = training_rewards(  # the episode returns stay raw
+                fragment.rewards, fragment.terminated, fragment.truncated, fragment.valid,
+                self.clip_rewards, self.normalizer)
             waited = max(p[2] for p in parts)
             # The builder's clock ran while the group waited for its credit: not collecting.
             fragment.collect_seconds = max(0.0, fragment.collect_seconds - waited)

@@ -22,6 +22,19 @@ def clip_rewards(rewards: np.ndarray) -> np.ndarray:
     return np.sign(rewards).astype(np.float32)
 
 
+def training_rewards(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+                     valid: np.ndarray, clip: bool, normalizer: RewardNormalizer | None
+                     ) -> np.ndarray:
+    """A fragment's rewards as training sees them: sign-clipped (--clip-rewards), then
+    normalised (--normalize-rewards), each as asked; where a worker or central inference
+    cuts a fragment (its episode returns stay raw)."""
+    if clip:
+        rewards = clip_rewards(rewards)
+    if normalizer is not None:
+        rewards = normalizer(rewards, terminated, truncated, valid)
+    return rewards
+
+
 class RunningVariance:
     """Running mean and variance of scalars (parallel Welford), in float64."""
 

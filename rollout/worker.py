@@ -37,7 +37,7 @@ from hetrl.rollout.errors import ConfigError, NonFiniteError, WireFormatError
 from hetrl.rollout.lifetime import exit_now
 from hetrl.rollout.observations import ObsLayout
 from hetrl.rollout.policy import Policy, load_policy_arrays, policy_arrays
-from hetrl.rollout.rewards import RewardNormalizer, clip_rewards
+from hetrl.rollout.rewards import RewardNormalizer, training_rewards
 from hetrl.rollout.serving import (  # noqa: F401 (SERVICE_NAME, WorkerState: re-exported)
     SERVICE_NAME,
     StreamServer,
@@ -209,11 +209,9 @@ class RolloutWorker(StreamServer):
         arrays = self.collector.collect_unless(lambda: inbox.stop_reason is not None)
         if arrays is None:
             return None
-        if self.settings.clip_rewards:
-            arrays.rewards = clip_rewards(arrays.rewards)
-        if self.normalize_rewards is not None:
-            arrays.rewards = self.normalize_rewards(
-                arrays.rewards, arrays.terminated, arrays.truncated, arrays.valid)
+        arrays.rewards = training_rewards(arrays.rewards, arrays.terminated, arrays.truncated,
+                                          arrays.valid, self.settings.clip_rewards,
+                                          self.normalize_rewards)
         return arrays
 
     def _load_weights(self, weights: hetrl_pb2.Weights, context) -> bool:
