@@ -17,7 +17,7 @@ PIP_FLAGS ?= --disable-pip-version-check --no-input
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup train test lint bench protos clean
+.PHONY: setup train test lint bench protos docs tables clean
 
 # Training needs only the core package; the extras (the sagemaker SDK alone is ~800 MB)
 # come with the tests.
@@ -28,7 +28,7 @@ $(VENV)/.core: pyproject.toml
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.core
-	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,cluster,sagemaker,mujoco,atari,bench,video,track]'
+	$(PY) -m pip install $(PIP_FLAGS) -q -e '.[dev,docs,cluster,sagemaker,mujoco,atari,bench,video,track,plots]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -54,8 +54,16 @@ lint: setup
 	cd $(MYPY_ROOT) && MYPYPATH=. "$(CURDIR)/$(PY)" -m mypy --config-file "$(CURDIR)/pyproject.toml" \
 		--cache-dir "$(CURDIR)/$(VENV)/.mypy_cache" -p hetrl.rollout -p hetrl.learner -p hetrl.launch -m hetrl
 
+# The docs site (docs/, mkdocs.yml) into .site/; --strict fails on a broken link or anchor.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+# Rewrite every figure table in README.md and docs/ from bench/results/*.json.
+tables: setup
+	$(PY) -m bench.tables
+
 protos: setup
 	$(PY) -m hetrl.protos.generate
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .site .pytest_cache .ruff_cache

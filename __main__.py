@@ -2,4 +2,5 @@
 
 from hetrl.launch.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing it (docs tools do) runs nothing
+    raise SystemExit(main())

@@ -315,7 +315,8 @@ def write_report(path: Path, instance_type: str = "", prices_file: str | None = 
         plots = _plots(run, out)
     except ImportError:
         plots = []
-        lines.append("(matplotlib is not installed: no plots)")
+        lines.append("(no plots: matplotlib is not installed; "
+                     "`pip install 'hetrl[plots]'` adds them)")
     for title, name in plots:
         lines += [f"### {title}", "", f"![{title}]({name})", ""]
     report = out / "report.md"
@@ -592,7 +593,7 @@ def compare(path_a: Path, path_b: Path, type_a: str = "", type_b: str = "",
         _comparison_plot(runs, target, reached, plot)
         lines.append(f"Plot: {plot}")
     except ImportError:
-        lines.append("(matplotlib is not installed: no plot)")
+        lines.append("(no plot: matplotlib is not installed; `pip install 'hetrl[plots]'` adds it)")
     return "\n".join(lines)
 
 

@@ -1,0 +1,369 @@
+"""The figure tables of README.md and docs/, generated from the committed records.
+
+A table lives in a page between two markers:
+
+    <!-- table: NAME (python -m bench.tables) -->
+    ...generated markdown...
+    <!-- end table -->
+
+`python -m bench.tables` rewrites every marked table from bench/results/*.json;
+`python -m bench.tables --check` rewrites nothing and exits 1 naming each table that
+differs from what the records give (tests/test_tables.py runs it), so a figure cannot
+drift from its record, and a re-measured record shows up as a changed table.
+Each table ends with the records it read: commit, date and the load when it ran.
+Spreads over seeds are the sample standard deviation. Reads JSON only: no torch, no envs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARKER = re.compile(r"(<!-- table: (?P<name>[\w-]+) \(python -m bench\.tables\) -->\n)"
+                    r"(?P<body>.*?)(<!-- end table -->)", re.S)
+
+
+def _record(name: str) -> dict[str, Any]:
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"bench.tables: no record {path.relative_to(ROOT)}; run the benchmark "
+                         "that writes it, or drop the table that quotes it")
+    return json.loads(path.read_text())
+
+
+def _source(name: str, record: dict[str, Any]) -> str:
+    """Where a table's figures come from: the record, its commit, date and load."""
+    machine = record.get("machine", {})
+    load = machine.get("loadavg_at_start")
+    load_text = f", load {load[0]:.1f} at start" if load else ""
+    return (f"`bench/results/{name}.json` (at {machine.get('git', '?')}, "
+            f"{str(record.get('time', '?'))[:10]}{load_text})")
+
+
+def _footer(*sources: str) -> str:
+    return "\nRecords: " + "; ".join(sources) + ".\n"
+
+
+def _median(value: Any) -> float:
+    """A figure a record holds either bare or as a summarize() result."""
+    return float(value["median"] if isinstance(value, dict) else value)
+
+
+def _sample_std(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _learning_by_env(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each env's seeds' final returns, its CleanRL reference and training time."""
+    envs: dict[str, dict[str, Any]] = {}
+    for run in record["results"]["runs"]:
+        if not run.get("ok"):
+            continue
+        env = envs.setdefault(run["env"], {"returns": [], "seeds": [], "wall": [], "sps": [],
+                                           "commits": set()})
+        env["returns"].append(run["final_return"])
+        env["seeds"].append(run["seed"])
+        env["wall"].append(run["learner_wall_s"])
+        env["sps"].append(run["steps_per_s"])
+        env["commits"].add(run.get("commit", "?"))
+    for name, env in envs.items():
+        env["reference"] = record["results"]["summary"][name]["cleanrl"]
+        env["mean"] = statistics.fmean(env["returns"])
+        env["std"] = _sample_std(env["returns"])
+    return envs
+
+
+def _versus(env: str) -> tuple[str, dict[str, Any]] | None:
+    """The 102,400-step speed record for env (one run of each side per pair)."""
+    name = f"summary_versus_cleanrl-{env}-102400"
+    if not (RESULTS / f"{name}.json").exists():
+        return None
+    return name, _record(name)
+
+
+def table_solve() -> str:
+    record = _record("summary_solve")
+    lines = ["| seed | first step with mean(100) >= 475 "
+             "| wall s to get there (from the command's start) "
+             "| final mean(100) at 300k | wall s, whole command |",
+             "|---|---|---|---|---|"]
+    for run in record["results"]["runs"]:
+        solved = run.get("solved") or {}
+        step = f"{solved['global_step']:,}" if solved else "not solved"
+        wall = f"{solved['wall_s']:.1f}" if solved else "-"
+        lines.append(f"| {run['seed']} | {step} | {wall} | {run['final_mean_return_100']:.1f} "
+                     f"| {run['command_wall_s']:.1f} |")
+    return "\n".join(lines) + "\n" + _footer(_source("summary_solve", record))
+
+
+def table_startup() -> str:
+    record = _record("summary_startup")
+    summary = record["results"]["summary"]
+    rows = [("workers listening", "workers_listening_seconds"),
+            ("learner's first update", "first_update_seconds"),
+            ("training", "training_seconds"), ("stop", "stop_seconds"),
+            ("report", "report_seconds"), ("whole command", "command_seconds")]
+    lines = ["| part of `make train`'s command | seconds, median [min-max] of 3 |", "|---|---|"]
+    for label, key in rows:
+        stat = summary[key]
+        lines.append(f"| {label} | {stat['median']:.2f} [{stat['min']:.2f}-{stat['max']:.2f}] |")
+    ratio = summary["command_over_training"]
+    verdict = "met" if ratio["median"] <= summary["target_ratio"] else "not met"
+    lines.append(f"| whole command / training | {ratio['median']:.3f}x (target <= "
+                 f"{summary['target_ratio']}x: {verdict}) |")
+    return "\n".join(lines) + "\n" + _footer(_source("summary_startup", record))
+
+
+def table_learning() -> str:
+    record = _record("summary_learning")
+    lines = ["| env | seeds | hetrl final return, mean ± sample std (each seed) "
+             "| CleanRL reference | >= ref - std | learner wall s (env steps/s) | commit |",
+             "|---|---|---|---|---|---|---|"]
+    for name, env in _learning_by_env(record).items():
+        ref_mean, ref_std = env["reference"]
+        meets = "yes" if env["mean"] >= ref_mean - ref_std else "no"
+        each = "; ".join(f"{r:,.0f}" for r in env["returns"])
+        wall = "; ".join(f"{w:.0f}" for w in env["wall"])
+        sps = "; ".join(f"{s:,.0f}" for s in env["sps"])
+        seeds = ", ".join(str(s) for s in env["seeds"])
+        lines.append(f"| {name} | {seeds} | {env['mean']:,.0f} ± {env['std']:,.0f} ({each}) "
+                     f"| {ref_mean:,.2f} ± {ref_std:,.2f} | {meets} | {wall} ({sps}) "
+                     f"| {', '.join(sorted(env['commits']))} |")
+    return "\n".join(lines) + "\n" + _footer(_source("summary_learning", record))
+
+
+def table_versus_cleanrl() -> str:
+    lines = ["| env | steps | pairs | CleanRL env steps/s | hetrl env steps/s (learner clock) "
+             "| hetrl / CleanRL | by process wall | CleanRL's foreign load (cores) |",
+             "|---|---|---|---|---|---|---|---|"]
+    sources = []
+    for path in sorted(RESULTS.glob("summary_versus_cleanrl-*.json")):
+        name = path.stem
+        record = _record(name)
+        settings, summary = record["settings"], record["results"]["summary"]
+        foreign = summary["cleanrl"].get("foreign_load", {}).get("max")
+        cleanrl = summary["cleanrl"]["steps_per_s"]
+        lines.append(
+            f"| {settings['env']} | {settings['total_steps']:,} | {cleanrl['n']} "
+            f"| {cleanrl['median']:,.0f} "
+            f"| {summary['hetrl']['steps_per_s']['median']:,.0f} "
+            f"| **{summary['ratio_steps_per_s']['median']:.2f}x** "
+            f"| {summary['ratio_steps_per_s_wall']['median']:.2f}x "
+            f"| {'-' if foreign is None else f'{foreign:.2f}'} |")
+        sources.append(_source(name, record))
+    return "\n".join(lines) + "\n" + _footer(*sources)
+
+
+def table_headline() -> str:
+    """The README's figures: one row per claim, each linking its record."""
+    rows: list[str] = []
+    sources: list[str] = []
+
+    solve = _record("summary_solve")
+    runs = solve["results"]["runs"]
+    solved = [r for r in runs if r.get("solved")]
+    steps = [r["solved"]["global_step"] for r in solved]
+    seconds = [r["solved"]["wall_s"] for r in solved]
+    finals = ", ".join(format(r["final_mean_return_100"], ".0f") for r in runs)
+    rows.append(
+        f"| CartPole-v1, `make train` (300k steps), seeds 1-3 | solved (mean(100) >= 475) "
+        f"by {min(steps):,}-{max(steps):,} steps, {min(seconds):.1f}-{max(seconds):.1f} s; "
+        f"final {finals} | [solve](bench/results/summary_solve.json) |")
+    sources.append(_source("summary_solve", solve))
+
+    learning = _record("summary_learning")
+    envs = _learning_by_env(learning)
+    met = [n for n, e in envs.items() if e["mean"] >= e["reference"][0] - e["reference"][1]]
+    rows.append(f"| MuJoCo at 1M steps against CleanRL's published PPO returns, 3 seeds each "
+                f"| {len(met)} of {len(envs)} envs at or above the reference's mean - std "
+                f"| [learning](bench/results/summary_learning.json) |")
+    sources.append(_source("summary_learning", learning))
+
+    ratios = []
+    for env in envs:
+        found = _versus(env)
+        if found:
+            ratios.append((env, found[1]["results"]["summary"]["ratio_steps_per_s"]["median"]))
+    if ratios:
+        text = ", ".join(f"{env.split('-')[0]} {ratio:.1f}x" for env, ratio in ratios)
+        rows.append("| Env steps/s against CleanRL's own script, same env, cores and steps "
+                    f"(102,400) | {text} | [versus_cleanrl](bench/results/) |")
+
+    slow = _record("summary_slow_env")
+    for run in slow["results"]["results"]:
+        env = run["env"].split(":")[-1]
+        rows.append(f"| A slow simulator (`{env}`, 2 workers x 8 envs) against its bare envs "
+                    f"on the same cores | {run['ratio']:.2f}x, {run['stalled_seconds']:.0f} s "
+                    f"stalled, verdict {run['verdict']} "
+                    "| [slow_env](bench/results/summary_slow_env.json) |")
+    sources.append(_source("summary_slow_env", slow))
+
+    soaks = _soak_records()
+    for emulated in (False, True):
+        tries = [r for _, r in soaks if bool(r["settings"].get("emulate")) == emulated]
+        if not tries:
+            continue
+        kills = sum(r["results"]["faulty"]["kills"] for r in tries)
+        worst = max(max(r["results"]["faulty"]["recovery_seconds"], default=0.0)
+                    for r in tries)
+        passed = sum(bool(r["results"]["pass"]) for r in tries)
+        minutes = "/".join(f"{r['settings']['minutes']:.0f}" for r in tries)
+        what = ("an emulated cluster whose env hosts are killed and replaced" if emulated
+                else "worker kills, freezes and env faults")
+        killed = "env host kills" if emulated else "worker kills"
+        rows.append(f"| Soak: CartPole for {minutes} min under {what} "
+                    f"({len(tries)} {'try' if len(tries) == 1 else 'tries'}) | {passed} of "
+                    f"{len(tries)} passed: {kills} {killed}, every worker streaming again "
+                    f"within {worst:.1f} s | [soak](docs/reliability.md) |")
+    sources += [_source(name, record) for name, record in soaks]
+
+    frames = _record("summary_frames")["results"]
+    rows.append(f"| Atari fragments: each frame sent once, stacks rebuilt on the learner "
+                f"| {frames['bytes_ratio']:.3f}x the bytes, collection "
+                f"{frames['collect_and_encode_ratio']:.3f}x the time "
+                "| [frames](bench/results/summary_frames.json) |")
+    sources.append(_source("summary_frames", _record("summary_frames")))
+
+    header = ["| what | measured on a 2-core CPU machine | record |", "|---|---|---|"]
+    return "\n".join(header + rows) + "\n" + _footer(*sources)
+
+
+def _soak_records() -> list[tuple[str, dict[str, Any]]]:
+    """Every try of bench.soak: summary_soak[_emulate][-TAG].json."""
+    return [(path.stem, _record(path.stem))
+            for path in sorted(RESULTS.glob("summary_soak*.json"))]
+
+
+def table_soak() -> str:
+    lines = ["| try | job | minutes | kills / freezes | recovery s, median (max) | exit "
+             "| final policy / fault-free, 20 episodes | env faults | passed |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    sources = []
+    for name, record in _soak_records():
+        s, faulty = record["settings"], record["results"]["faulty"]
+        clean = record["results"]["fault_free"]
+        recovery = [r for r in faulty["recovery_seconds"] if r is not None]
+        spread = (f"{statistics.median(recovery):.1f} ({max(recovery):.1f})" if recovery
+                  else "-")
+        lines.append(f"| {name.removeprefix('summary_')} | "
+                     f"{'hetrl emulate, env hosts killed' if s.get('emulate') else 'hetrl local'} "
+                     f"| {s['minutes']:.0f} | {faulty['kills']} / {faulty['freezes']} | {spread} "
+                     f"| {faulty['exit_code']} | {faulty['played_return']:.0f} / "
+                     f"{clean['played_return']:.0f} | {faulty['env_faults']:,} "
+                     f"| {'yes' if record['results']['pass'] else 'no'} |")
+        sources.append(_source(name, record))
+    return "\n".join(lines) + "\n" + _footer(*sources)
+
+
+def table_make_bench() -> str:
+    """`make bench`'s record: overhead, transport, pipelining, learner, solve, scaling."""
+    record = _record("summary")
+    head = record["headline"]
+
+    def stat(s: dict[str, Any], spec: str = ".3f") -> str:
+        if s["n"] == 1:
+            return format(s["median"], spec)
+        return f"{s['median']:{spec}} [{s['min']:{spec}}-{s['max']:{spec}}]"
+
+    def met(value: float, target: float) -> str:
+        return f">= {target} {'met' if value >= target else 'not met'}"
+
+    lines = ["| benchmark | what is compared | median [min-max] | target |", "|---|---|---|---|"]
+    for env, row in head.get("overhead", {}).items():
+        label = "Pong 4x84x84 uint8" if env == "pong" else env
+        lines.append(f"| collection overhead, {label} | one worker streaming to a consuming "
+                     f"learner / the same envs and policy in one process | {stat(row['ratio'])} "
+                     f"| {met(row['ratio']['median'], row['target'])} |")
+    transport = head.get("transport", {})
+    sizes = [k.split(" hetrl")[0] for k in transport if k.endswith("hetrl/raw")]
+    if sizes:
+        ratios = " / ".join(f"{transport[f'{s} hetrl/raw']['median']:.2f}" for s in sizes)
+        lines.append(f"| transport, {' / '.join(sizes)} messages | payload MiB/s through one "
+                     f"stream / raw TCP on loopback | {ratios} | >= 0.5 for 1 MiB and up |")
+    pipe = head.get("pipelining")
+    if pipe:
+        ratio, ideal = pipe["ratio"], _median(pipe["ideal_ratio_one_worker"])
+        target = _median(pipe["target_ratio"])
+        lines.append(f"| pipelining, Humanoid-v5 | hetrl local, 1 worker + learner / one process "
+                     f"alternating collect and train (10 epochs x 32 minibatches) "
+                     f"| {stat(ratio, '.2f')} (ideal {ideal:.2f}) "
+                     f"| {met(_median(ratio), target)} |")
+    for model, s in head.get("learner_throughput", {}).items():
+        lines.append(f"| learner throughput, {model} | env samples/s of one update on CPU | "
+                     f"{stat(s, ',.0f')} | measured |")
+    solve = head.get("solve")
+    if solve:
+        lines.append(f"| time to solve CartPole-v1 | wall s to mean(100) >= 475, seeds 1-3 | "
+                     f"{stat(solve['solve_wall_s'], '.1f')} (whole command "
+                     f"{_median(solve['command_wall_s']):.1f}) "
+                     f"| < {solve['target_seconds']:.0f} s "
+                     f"{'met' if solve['pass'] else 'not met'} |")
+    for workers, s in head.get("scaling", {}).items():
+        lines.append(f"| scaling model, {workers.replace('w=', '')} worker(s) | predicted / "
+                     f"measured hetrl local env steps/s "
+                     f"| {s['predicted']:,.0f} / {s['measured']:,.0f} "
+                     f"({s['error']:+.1%}) | checked |")
+    return "\n".join(lines) + "\n" + _footer(_source("summary", record))
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "headline": table_headline,
+    "solve": table_solve,
+    "startup": table_startup,
+    "learning": table_learning,
+    "versus-cleanrl": table_versus_cleanrl,
+    "make-bench": table_make_bench,
+    "soak": table_soak,
+}
+
+
+def regenerate(check: bool) -> list[str]:
+    """Rewrite (or, with check, compare) every marked table; return the stale ones."""
+    stale: list[str] = []
+    for page in PAGES:
+        text = page.read_text()
+
+        def fill(match: re.Match[str], page: Path = page) -> str:
+            name = match["name"]
+            if name not in TABLES:
+                raise SystemExit(f"bench.tables: {page.relative_to(ROOT)} asks for table "
+                                 f"'{name}'; known: {', '.join(TABLES)}")
+            body = TABLES[name]()
+            if body != match["body"]:
+                stale.append(f"{page.relative_to(ROOT)}: {name}")
+            return match.group(1) + body + match.group(4)
+
+        new = MARKER.sub(fill, text)
+        if not check and new != text:
+            page.write_text(new)
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tables",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a committed table differs from its records")
+    args = parser.parse_args(argv)
+    stale = regenerate(check=args.check)
+    if args.check and stale:
+        print("tables that differ from their records (run `python -m bench.tables`):\n  "
+              + "\n  ".join(stale), file=sys.stderr)
+        return 1
+    if not args.check:
+        print(f"bench.tables: {len(stale)} table(s) rewritten"
+              + (": " + ", ".join(stale) if stale else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
