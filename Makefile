@@ -17,7 +17,7 @@ PIP_FLAGS ?= --disable-pip-version-check --no-input
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup train test lint bench protos docs tables clean
+.PHONY: setup train test test-quick lint bench protos docs tables clean
 
 # Training needs only the core package; the extras (the sagemaker SDK alone is ~800 MB)
 # come with the tests.
@@ -39,6 +39,11 @@ train: $(VENV)/.core
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: every test but the long end-to-end runs (marked slow: each took 15 s or
+# more beside two busy loops). make test, which CI runs, still runs them all.
+test-quick: lint
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Benchmarks (not tests): tables on stdout, JSON and plots in bench/results/.
 # make bench BENCH_ARGS=--quick for a two-minute smoke run.

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
 
 
@@ -46,6 +48,7 @@ def _shell_commands(block: str) -> list[str]:
     return [line.split("  #")[0].strip() for line in joined.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     tour = "## A tour in five commands"
     commands = [c for b in _blocks("README.md", "bash", tour) for c in _shell_commands(b)]

@@ -26,6 +26,7 @@ CASES = {
     ("MatchCode", "worker"), ("MatchCode", "central"), ("CopyBits", "worker"),
     ("PointAt", "worker"),
 ])
+@pytest.mark.slow
 def test_each_action_space_learns_and_its_policy_plays(tmp_path: Path, env: str,
                                                        inference: str) -> None:
     steps, threshold, random_play = CASES[env]
@@ -34,6 +35,7 @@ def test_each_action_space_learns_and_its_policy_plays(tmp_path: Path, env: str,
                      threshold, random_play)
 
 
+@pytest.mark.slow
 def test_an_emulated_job_learns_multidiscrete_actions(tmp_path: Path) -> None:
     out = tmp_path / "md"
     proc = hetrl("emulate", "--env-hosts", "1", "--env", "tests.fixtures.envs:MatchCode",

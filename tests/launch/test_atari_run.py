@@ -26,6 +26,7 @@ def breakout_run(tmp_path_factory) -> tuple[Path, object]:
     return out, result
 
 
+@pytest.mark.slow
 def test_an_ale_id_trains_with_the_preset_pipeline_and_cnn(breakout_run) -> None:
     out, result = breakout_run
     assert result.ok, result.summary
@@ -70,6 +71,7 @@ def test_central_inference_trains_on_the_same_pipeline(tmp_path: Path) -> None:
     assert load_policy(out).observation_space.shape == (4, 84, 84)
 
 
+@pytest.mark.slow
 def test_a_box_of_pixels_that_is_not_atari_learns_with_the_default_cnn(tmp_path: Path) -> None:
     # LitQuadrant: name the lit quadrant of a 3x32x32 image; random play scores 4 of 16.
     # Chosen by its actions (classic); it read 16.0 at 40k steps alone, 37k the best.

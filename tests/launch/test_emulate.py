@@ -48,6 +48,7 @@ def test_emulated_cluster_solves_cartpole(tmp_path: Path) -> None:
         assert not (out / "hosts" / host / "output" / "failure").exists()
 
 
+@pytest.mark.slow
 def test_killed_learner_host_ends_every_env_host(tmp_path: Path) -> None:
     settings = EmulateSettings(env_hosts=2, total_steps=100_000_000, loss_timeout=4.0,
                                out=str(tmp_path / "k"), progress=False)
@@ -73,6 +74,7 @@ def test_killed_learner_host_ends_every_env_host(tmp_path: Path) -> None:
           f"(loss_timeout {settings.loss_timeout} s)")
 
 
+@pytest.mark.slow
 def test_sigterm_everywhere_checkpoints_and_a_new_run_resumes(tmp_path: Path) -> None:
     settings = EmulateSettings(env_hosts=1, workers_per_env_host=2, total_steps=100_000_000,
                                stop_budget=30.0, out=str(tmp_path / "t"), progress=False)
@@ -139,6 +141,7 @@ def test_an_emulated_job_runs_central_inference(tmp_path: Path) -> None:
     assert summary["env_steps_malformed"] == 0
 
 
+@pytest.mark.slow
 def test_the_learner_hosts_own_workers_are_restarted_like_every_hosts(tmp_path: Path) -> None:
     """Workers on the learner host follow the same restart rules as an env host's: a
     leaky simulator that ends its worker every ~1,000 env steps does not end the job."""

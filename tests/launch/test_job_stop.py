@@ -84,6 +84,7 @@ def _submit_settings(**overrides) -> SubmitSettings:
                           output="s3://bucket/runs", **overrides)
 
 
+@pytest.mark.slow
 def test_sigterm_to_pid_1_of_every_host_checkpoints_and_every_host_exits_0(
         tmp_path: Path, aws_offline) -> None:
     pytest.importorskip("sagemaker.train")

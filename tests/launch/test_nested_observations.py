@@ -29,6 +29,7 @@ STEPS = {"worker": 50_000, "central": 80_000}
 EMULATED_STEPS = 80_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inference", ["worker", "central"])
 def test_a_dict_of_image_and_vector_learns_and_its_policy_plays(tmp_path: Path,
                                                                 inference: str) -> None:
@@ -37,6 +38,7 @@ def test_a_dict_of_image_and_vector_learns_and_its_policy_plays(tmp_path: Path,
                      STEPS[inference], THRESHOLD, 4.0)
 
 
+@pytest.mark.slow
 def test_an_emulated_job_learns_dict_observations(tmp_path: Path) -> None:
     out = tmp_path / "spot"
     proc = hetrl("emulate", "--env-hosts", "1", "--env", "tests.fixtures.envs:SpotTheLight",
@@ -48,6 +50,7 @@ def test_an_emulated_job_learns_dict_observations(tmp_path: Path) -> None:
     assert summary["mean_return_100"] >= THRESHOLD, summary
 
 
+@pytest.mark.slow
 def test_minigrid_learns_once_its_mission_text_is_dropped(tmp_path: Path) -> None:
     pytest.importorskip("minigrid")
     out = tmp_path / "mg"

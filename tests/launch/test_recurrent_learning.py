@@ -17,6 +17,7 @@ from tests.helpers import learns_and_plays
 CUE, STEPS, THRESHOLD = "tests.fixtures.envs:RememberCue", 50_000, 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recurrent, inference", [("lstm", "worker"), ("gru", "central")])
 def test_a_recurrent_policy_remembers_and_its_kept_policy_plays(tmp_path: Path, recurrent: str,
                                                                 inference: str) -> None:

@@ -344,6 +344,7 @@ def test_sigterm_to_one_env_host_then_to_the_learner_host(tmp_path: Path) -> Non
           f"{learner_stop:.1f} s (stop budget {cfg.stop_budget:.0f} s)")
 
 
+@pytest.mark.slow
 def test_env_host_health_follows_a_worker_restart(tmp_path: Path) -> None:
     cfg = settings(tmp_path / "h", env_hosts=1, total_steps=100_000_000, stop_budget=30)
     cluster = start_hosts(cfg, learner_log=tmp_path / "learner.log")

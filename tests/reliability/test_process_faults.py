@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT, processes_mentioning, wait_for
 
 
@@ -91,6 +93,7 @@ def test_killed_and_frozen_workers_rejoin_and_nothing_is_trained_twice(tmp_path:
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
 
 
+@pytest.mark.slow
 def test_hung_env_restarts_its_worker_while_training_goes_on(tmp_path: Path) -> None:
     out, flag = tmp_path / "hang", tmp_path / "hang.flag"
     proc, log = start(out, "--env", "tests.reliability.envs:HangsOnce", "--workers", "2",
@@ -148,6 +151,7 @@ def test_worker_hung_at_the_end_never_delays_the_model_and_the_run_exits_0(
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
 
 
+@pytest.mark.slow
 def test_every_worker_stalling_is_warned_while_it_happens_and_judged_a_stall(
         tmp_path: Path) -> None:
     """Every worker's env hangs for 20 s (under --step-timeout): the learner warns while
@@ -189,6 +193,7 @@ def _log_times(path: Path, pattern: str) -> list[float]:
     return times
 
 
+@pytest.mark.slow
 def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(tmp_path: Path) -> None:
     """SIGSTOP the learner for 8 s with keepalive 1 s + 2 s: each worker's stream ends
     within that bound (it used to survive a 25 s freeze unnoticed: grpcio timed out the
@@ -235,6 +240,7 @@ def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(tmp_path: Pa
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
 
 
+@pytest.mark.slow
 def test_a_worker_that_keeps_dying_does_not_end_a_run_that_makes_progress(tmp_path) -> None:
     # Each worker process dies every ~4,000 of its steps (1,000 per env): 10+ deaths per
     # worker in a run of 60k steps, far past any budget per run, and the run finishes.
@@ -255,6 +261,7 @@ def test_a_worker_that_keeps_dying_does_not_end_a_run_that_makes_progress(tmp_pa
     assert "MemoryError: simulator leaked" in log.read_text()  # each death says why
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_deliver_ends_the_run_naming_the_cause(tmp_path) -> None:
     out = tmp_path / "doomed"
     proc, log = start(out, "--env", "tests.reliability.envs:DiesEvery", "--workers", "1",
@@ -275,6 +282,7 @@ def test_a_worker_that_cannot_deliver_ends_the_run_naming_the_cause(tmp_path) ->
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
 
 
+@pytest.mark.slow
 def test_a_slow_simulator_is_slow_not_stalled_and_stops_at_once(tmp_path) -> None:
     """13 ms a step, 8 envs x 64 steps: each fragment takes ~7 s, longer than the 5 s a
     stop waits and close to the old 10 s stall alarm. Slow is not hung: no stall is
@@ -304,6 +312,7 @@ def test_a_slow_simulator_is_slow_not_stalled_and_stops_at_once(tmp_path) -> Non
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
 
 
+@pytest.mark.slow
 def test_a_slow_start_up_is_progress_not_a_timeout(tmp_path) -> None:
     """4 envs of 3 s resets: 12 s of start-up, longer than every time limit given here
     (--step-timeout 5, --connect-timeout 5, --startup-timeout 10). The worker listens

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import hetrl
 
 FRAGMENT_STEPS = 4 * 32  # --envs-per-worker 4 x --fragment-length 32
@@ -51,6 +53,7 @@ def test_a_resumed_run_reports_the_whole_run(tmp_path: Path) -> None:
     assert abs(reported - second["global_step"] / second["wall_seconds"]) < 2
 
 
+@pytest.mark.slow
 def test_after_a_killed_learner_a_resume_writes_no_step_twice(tmp_path: Path) -> None:
     """The learner killed after its last periodic checkpoint: the rows it wrote since are
     cut on --resume, so metrics.jsonl counts every step once, and the message that the
