@@ -18,7 +18,7 @@ SIGKILLs an env host (its workers die with it) every ~60 s and starts it again o
 tree 5 s later, as a replaced spot instance; recovery is counted from the replacement's
 start to its worker's next stream.
 Run: `python -m bench.soak [--minutes 30] [--quick] [--emulate]`; record
-bench/results/summary_soak.json (summary_soak_emulate.json), curves
+bench/results/summary_soak.json (summary_soak_emulate.json; --tag T: summary_soak-T.json), curves
 bench/results/soak.png (soak_emulate.png).
 """
 
@@ -69,6 +69,9 @@ class Settings:
     final policy in a fraction of the time."""
     quick: bool = False
     """3 minutes, a kill every 30 s, a freeze at 90 s."""
+    tag: str = ""
+    """Appended to the record's name (summary_soak-TAG.json), so that tries of the same
+    benchmark sit side by side instead of replacing each other."""
     emulate: bool = False
     """The job as `hetrl emulate` (2 env hosts x 1 worker): instead of worker kills and
     freezes, an env host is SIGKILLed (with its workers) every ~kill_every s and started
@@ -350,7 +353,8 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     common.print_table(f"Soak: faulty job vs fault-free run of the same seed "
                        f"({'PASS' if ok else 'FAIL'})", ["", "faulty", "fault-free"], rows)
-    name = ("soak" if s.quick else "summary_soak") + ("_emulate" if s.emulate else "")
+    name = (("soak" if s.quick else "summary_soak") + ("_emulate" if s.emulate else "")
+            + (f"-{s.tag}" if s.tag else ""))
     common.write_json(name, s, {"faulty": faulty, "fault_free": clean, "pass": ok})
 
     def draw(plt):
@@ -363,7 +367,8 @@ def main(argv: list[str] | None = None) -> dict:
                   "faults, seed 1")
         plt.legend()
 
-    common.plot("soak_emulate" if s.emulate else "soak", draw, enabled=not s.quick)
+    common.plot(("soak_emulate" if s.emulate else "soak") + (f"-{s.tag}" if s.tag else ""),
+                draw, enabled=not s.quick)
     return {"pass": ok}
 
 
