@@ -193,6 +193,7 @@ def table_headline() -> str:
         found = _versus(env)
         if found:
             ratios.append((env, found[1]["results"]["summary"]["ratio_steps_per_s"]["median"]))
+            sources.append(_source(*found))
     if ratios:
         text = ", ".join(f"{env.split('-')[0]} {ratio:.1f}x" for env, ratio in ratios)
         rows.append("| Env steps/s against CleanRL's own script, same env, cores and steps "
