@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, ROOT
+from bench.common import RESULTS, ROOT, fmt
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = re.compile(r"(<!-- table: (?P<name>[\w-]+) \(python -m bench\.tables\) -->\n)"
@@ -271,9 +271,7 @@ def table_make_bench() -> str:
     head = record["headline"]
 
     def stat(s: dict[str, Any], spec: str = ".3f") -> str:
-        if s["n"] == 1:
-            return format(s["median"], spec)
-        return f"{s['median']:{spec}} [{s['min']:{spec}}-{s['max']:{spec}}]"
+        return fmt(s, spec)
 
     def met(value: float, target: float) -> str:
         return f">= {target} {'met' if value >= target else 'not met'}"
