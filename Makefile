@@ -50,14 +50,9 @@ test-quick: lint
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)
 
-# mypy finds packages by folder name, and this checkout *is* the package hetrl (its folder
-# may be called anything): it checks the rooms through a link named hetrl.
-MYPY_ROOT := $(VENV)/mypy-root
 lint: setup
 	$(VENV)/bin/ruff check .
-	mkdir -p $(MYPY_ROOT) && ln -sfn "$(CURDIR)" $(MYPY_ROOT)/hetrl
-	cd $(MYPY_ROOT) && MYPYPATH=. "$(CURDIR)/$(PY)" -m mypy --config-file "$(CURDIR)/pyproject.toml" \
-		--cache-dir "$(CURDIR)/$(VENV)/.mypy_cache" -p hetrl.rollout -p hetrl.learner -p hetrl.launch -m hetrl
+	$(PY) -m mypy -p hetrl
 
 # The docs site (docs/, mkdocs.yml) into .site/; --strict fails on a broken link or anchor.
 docs: setup
@@ -71,4 +66,4 @@ protos: setup
 	$(PY) -m hetrl.protos.generate
 
 clean:
-	rm -rf $(VENV) runs .site .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .site .pytest_cache .ruff_cache .mypy_cache

@@ -75,10 +75,12 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the run ended by itself (exit code 0)."""
         return self.exit_code == 0
 
     @property
     def model_path(self) -> Path:
+        """The final model (model.safetensors in the run's directory)."""
         return self.out / "model.safetensors"
 
     def outcome_lines(self) -> list[str]:
@@ -163,8 +165,8 @@ def run_local(settings: LocalSettings | None = None, **overrides: Any) -> RunRes
     default (preset="none" uses the object as it is).
 
     Returns:
-        RunResult with the exit code, the output directory, the learner's summary, and
-        `policy()` for the trained policy.
+        The run's exit code, output directory and learner's summary, and `policy()` for
+        the trained policy.
 
     Raises:
         ConfigError, EnvError: bad settings or an env that cannot be made, before any

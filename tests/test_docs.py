@@ -54,6 +54,10 @@ def test_the_docs_site_builds_without_a_broken_link_or_anchor(tmp_path: Path) ->
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "site" / "own-env" / "index.html").exists()
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    for docstring in ("Train locally: workers and a learner", "Load a run's trained policy",
+                      "Actions as the env takes them"):  # read from the code, not retyped
+        assert docstring in api, f"the API page lacks {docstring!r}"
 
 
 def test_the_readme_is_a_front_page_whose_links_exist() -> None:

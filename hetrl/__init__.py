@@ -1,7 +1,8 @@
 """hetrl: reinforcement learning with env simulation on CPU hosts and the learner on a GPU.
 
-The repository root is the `hetrl` package; its four rooms are subpackages, imported
-one way only: `hetrl.protos` <- `hetrl.rollout` <- `hetrl.learner` <- `hetrl.launch`.
+This folder is the package; its four rooms are top-level folders of the checkout, linked
+here as subpackages (docs/how-it-works.md, "Layout"), and imported one way only:
+`hetrl.protos` <- `hetrl.rollout` <- `hetrl.learner` <- `hetrl.launch`.
 `from hetrl import run_local, load_policy` are the Python entry points (loaded on first
 use, so that `import hetrl.rollout.worker` in a worker process pulls in nothing else).
 """
