@@ -3,8 +3,10 @@
 `to_hyperparameters` writes each ClusterSettings field that differs from its default as
 SageMaker stores it (a JSON value as a string); `from_hyperparameters` reads them back,
 typed by the settings class, and also serves every other place that turns names and
-loosely typed values into settings (`--config` files, `run_local` keywords): unknown
-names get the nearest known ones, malformed values say what was expected.
+loosely typed values into settings (`--config` files, settings.json): unknown names get
+the nearest known ones, malformed values say what was expected. Values are read by tyro,
+the CLI's own parser, so a flag, a config file and a hyperparameter holding the same text
+mean the same value (tests/launch/test_hyperparameters.py checks it for every type).
 """
 
 from __future__ import annotations
@@ -72,18 +74,19 @@ def from_hyperparameters(values: dict[str, Any], cls: type,
     values = {key: raw for key, raw in values.items() if not key.startswith("sagemaker_")}
     check_names(values, cls, what)
     hints = typing.get_type_hints(cls)
-    return {key.replace("-", "_"): _convert(key, _decoded(raw), hints[key.replace("-", "_")],
-                                            what)
-            for key, raw in values.items()}
+    return {name: _convert(key, _decoded(raw, hints[name]), hints[name], what)
+            for key, raw in values.items() for name in [key.replace("-", "_")]}
 
 
-def _decoded(raw: Any) -> Any:
-    """A string holding JSON (as to_hyperparameters writes) as its value; else as given."""
+def _decoded(raw: Any, kind: Any) -> Any:
+    """A string holding JSON (as to_hyperparameters writes) as its value; else as given.
+    Text meant as text stays as typed: a str setting decodes only a quoted JSON string."""
     if isinstance(raw, str):
         try:
-            return json.loads(raw)
+            value = json.loads(raw)
         except ValueError:
-            pass
+            return raw
+        return raw if kind is str and not isinstance(value, str) else value
     return raw
 
 
@@ -103,47 +106,62 @@ def check_names(names: Iterable[str], cls: type, what: str) -> None:
 
 
 def _convert(key: str, raw: Any, kind: Any, what: str) -> Any:
-    """Convert one value (already JSON-decoded where it could be) to `kind`."""
-    origin = typing.get_origin(kind)
+    """Convert one value (already JSON-decoded where it could be) to `kind` with the CLI's
+    own parser (tyro), so that a config file, a hyperparameter and a flag given the same
+    text always mean the same value."""
+    import tyro  # the CLI's parser; imported here to keep `import hetrl.launch` light
+
     try:
-        if kind is bool:
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in ("true", "1", "yes"):
-                return True
-            if text in ("false", "0", "no"):
-                return False
-            raise ValueError("expected true or false")
-        if kind is int:
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError("expected an integer")
-            return int(raw)
-        if kind is float:
-            if isinstance(raw, bool):
-                raise ValueError("expected a number")
-            return float(raw)
-        if kind is str:
-            return raw if isinstance(raw, str) else json.dumps(raw)
-        if origin is Literal:
-            if raw not in typing.get_args(kind):
-                raise ValueError(f"expected one of {typing.get_args(kind)}")
-            return raw
-        if origin in (typing.Union, types.UnionType):  # e.g. int | Literal["auto"]
-            errors = []
-            for option in typing.get_args(kind):
-                try:
-                    return _convert(key, raw, option, what)
-                except ConfigError as exc:
-                    errors.append(str(exc).split(" is malformed: ", 1)[-1])
-            raise ValueError("; ".join(errors))
-        if origin is tuple:
-            item_kind = typing.get_args(kind)[0]
-            if isinstance(raw, str):
-                raw = json.loads(raw) if raw.strip().startswith("[") else raw.split(",")
-            if not isinstance(raw, list | tuple):
-                raw = [raw]
-            return tuple(_convert(key, item, item_kind, what) for item in raw)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{what} {key}={raw!r} is malformed: {exc}") from exc
-    raise ConfigError(f"{what} {key}: unsupported type {kind}")
+        # "--" first: a value that starts with "-" is a value here, never a flag.
+        return tyro.cli(kind, args=["--", *_tokens(raw, kind)], console_outputs=False,
+                        add_help=False)
+    except SystemExit:
+        raise ConfigError(f"{what} {key}={raw!r} is malformed: expected {_expected(kind)}"
+                          ) from None
+
+
+def _tokens(raw: Any, kind: Any) -> list[str]:
+    """The command-line words of one value: a list (JSON, or comma-separated text) for a
+    tuple setting, one word otherwise, each written as the CLI reads it."""
+    if typing.get_origin(kind) is tuple:
+        item_kind = typing.get_args(kind)[0]
+        if isinstance(raw, str):
+            raw = [item.strip() for item in raw.split(",")] if raw.strip() else []
+        items = list(raw) if isinstance(raw, list | tuple) else [raw]
+        return [_word(item, item_kind) for item in items]
+    return [_word(raw, kind)]
+
+
+_BOOL_WORDS = {"true": "True", "yes": "True", "1": "True",
+               "false": "False", "no": "False", "0": "False"}
+
+
+def _word(value: Any, kind: Any) -> str:
+    """One value as a command-line word: booleans (also true/yes/1 as text for a bool
+    setting) and integral floats (YAML's 1e6, JSON's 5.0) as the CLI spells them, lists
+    and mappings as JSON."""
+    if kind is bool and isinstance(value, str | int) and str(value).strip().lower() in (
+            _BOOL_WORDS):
+        return _BOOL_WORDS[str(value).strip().lower()]
+    if kind is str and not isinstance(value, str):  # a YAML number or list for a text setting
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def _expected(kind: Any) -> str:
+    """What a value of `kind` looks like, for an error message."""
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(kind))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_expected(option) for option in typing.get_args(kind))
+    if origin is tuple:
+        return f"a list (JSON or comma-separated) of {_expected(typing.get_args(kind)[0])}"
+    return {bool: "true or false", int: "an integer", float: "a number",
+            str: "text"}.get(kind, str(kind))

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from typing import Any, Literal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hetrl.launch.hyperparameters import check_names, from_hyperparameters, to_hyperparameters
 from hetrl.launch.settings import ClusterSettings
@@ -44,8 +47,8 @@ def test_every_setting_survives_the_round_trip_through_hyperparameters(field) ->
         stored = to_hyperparameters(settings)
         assert list(stored) == [field.name], stored
         # As the toolkit hands them over (JSON-decoded), and as strings (where not).
-        for given in ({k: json.loads(v) for k, v in stored.items()}, stored):
-            assert ClusterSettings(**from_hyperparameters(given, ClusterSettings)) == settings
+        for handed in ({k: json.loads(v) for k, v in stored.items()}, stored):
+            assert ClusterSettings(**from_hyperparameters(handed, ClusterSettings)) == settings
         return
     pytest.fail(f"no candidate value for {field.name} passes its checks")
 
@@ -93,3 +96,56 @@ def test_hyperparameters_map_onto_settings() -> None:
 def test_bad_hyperparameters_are_clear_errors(hyperparameters: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         from_hyperparameters(hyperparameters, ClusterSettings)
+
+
+def _values_of(kind: Any) -> st.SearchStrategy:
+    """Any value of a settings field's type, as a user or a job could hand it over."""
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        return st.sampled_from(typing.get_args(kind))
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of(*(_values_of(option) for option in typing.get_args(kind)))
+    if origin is tuple:
+        return st.lists(_values_of(typing.get_args(kind)[0]), max_size=4).map(tuple)
+    return {bool: st.booleans(), int: st.integers(-2**53, 2**53),
+            float: st.floats(allow_nan=False, allow_infinity=False),
+            str: st.text(max_size=20)}[kind]
+
+
+_KINDS = {name: kind for name, kind in typing.get_type_hints(ClusterSettings).items()
+          if name in {f.name for f in dataclasses.fields(ClusterSettings)}}
+_BY_KIND = {str(kind): name for name, kind in _KINDS.items()}  # one field per type
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(_BY_KIND.values())).flatmap(
+    lambda name: st.tuples(st.just(name), _values_of(_KINDS[name]))))
+def test_any_value_of_any_setting_type_survives_the_round_trip(name_value) -> None:
+    """Every type a setting has, any value of it: written as a job's hyperparameter (JSON
+    text), handed over JSON-decoded (as the toolkit does), and read back, it is the same
+    value; tyro, the CLI's parser, does the reading, so a flag means the same."""
+    name, value = name_value
+    text = json.dumps(list(value) if isinstance(value, tuple) else value)
+    for given_value in (text, json.loads(text)):
+        read = from_hyperparameters({name: given_value}, ClusterSettings)[name]
+        assert read == value and type(read) is type(value), (given_value, read)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(_BY_KIND.values())).flatmap(
+    lambda name: st.tuples(st.just(name), _values_of(_KINDS[name]).filter(
+        lambda v: not isinstance(v, tuple | str) or "," not in str(v)))))
+def test_a_value_typed_as_text_reads_as_the_cli_reads_it(name_value) -> None:
+    """The same value typed as plain text (a config file's string, a SageMaker console
+    entry) reads exactly as the same word given to the command line's flag."""
+    import tyro
+
+    name, value = name_value
+    kind = _KINDS[name]
+    words = [str(item) for item in value] if isinstance(value, tuple) else [str(value)]
+    text = ",".join(words) if isinstance(value, tuple) else str(value)
+    if isinstance(value, str) and value != value.strip() or isinstance(value, tuple) and any(
+            w != w.strip() for w in words):
+        return  # comma-separated text is trimmed, as a user would expect
+    read = from_hyperparameters({name: text}, ClusterSettings)[name]
+    assert read == tyro.cli(kind, args=["--", *words], console_outputs=False), (text, read)
