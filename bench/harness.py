@@ -20,13 +20,11 @@ without credits while the baseline runs, the baseline blocks on stdin otherwise.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import inspect
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import tempfile
@@ -60,26 +58,24 @@ def pin_this_process(cpus: set[int] | None) -> None:
             pass
 
 
-def _child_setup(cpus: set[int] | None):
-    def setup() -> None:  # runs in the child between fork and exec
-        if cpus is not None:
-            os.sched_setaffinity(0, cpus)
-        if sys.platform.startswith("linux"):  # die with the benchmark
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    return setup
-
-
-def spawn(args: list[str], cpus: set[int] | None, log_name: str, env: dict | None = None,
+def spawn(args: list[str], cpus: set[int] | None, log_name: str, token: str = "",
           pipe: bool = False) -> subprocess.Popen:
-    """Start `python ARGS` from the repository root, pinned, output to results/logs."""
-    LOGS.mkdir(parents=True, exist_ok=True)
-    log = (LOGS / f"{log_name}.log").open("wb")
-    child_env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(env or {}))
-    return subprocess.Popen(
-        [sys.executable, *args], cwd=ROOT, env=child_env, stderr=log,
-        stdout=subprocess.PIPE if pipe else log, stdin=subprocess.PIPE if pipe else None,
-        text=pipe, preexec_fn=_child_setup(cpus),  # noqa: PLW1509 - no threads yet
-    )
+    """Start `python ARGS` as hetrl starts its own children (launch.processes: `python -P`,
+    the child environment with `token`, tied to this process's life), with this checkout
+    on its path, stderr (and stdout, unless `pipe` makes stdin and stdout text pipes) in
+    results/logs/LOG_NAME.log; then pin it to `cpus`. Pinning right after the start
+    reaches the child before it has imported anything, so every thread it starts
+    inherits the pin; nothing runs between fork and exec (launch.processes says why)."""
+    from hetrl.launch.processes import PYTHON, child_environment, spawn_command
+
+    (LOGS / f"{log_name}.log").unlink(missing_ok=True)  # this run's lines only
+    env = child_environment(token)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env["PYTHONPATH"]])
+    child = spawn_command(log_name, [*PYTHON, *args], env, LOGS / f"{log_name}.log",
+                          talk=pipe)
+    if cpus is not None:
+        os.sched_setaffinity(child.process.pid, cpus)
+    return child.process
 
 
 def stop(process: subprocess.Popen, timeout: float = 10.0) -> None:
@@ -116,7 +112,7 @@ def start_worker(settings, cpus: set[int] | None, token: str, log_name: str):
                                    learner_timeout=600.0)
     (tmp / "worker.json").write_text(to_json(settings))
     process = spawn(["-m", "hetrl.rollout.worker", str(tmp / "worker.json")], cpus, log_name,
-                    env={"HETRL_TOKEN": token})
+                    token)
     deadline = time.monotonic() + 120
     while not ready.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -263,10 +259,12 @@ class Baseline:
 
 def _baseline_main(settings_path: str) -> int:
     """Child: build what a worker builds, then step the collector on command."""
+    from hetrl.rollout.lifetime import die_with_parent
     from hetrl.rollout.policy import load_policy_arrays
     from hetrl.rollout.settings import WorkerSettings, from_json
     from hetrl.rollout.worker import RolloutWorker
 
+    die_with_parent()  # first: no child outlives the benchmark
     settings = from_json(WorkerSettings, Path(settings_path).read_text())
     worker = RolloutWorker(settings)  # same envs, policy, seeds and torch threads
     load_policy_arrays(worker.policy, initial_weights(settings))

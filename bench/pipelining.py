@@ -117,8 +117,7 @@ def pipelined(s: Settings, run: int) -> dict:
                                 worker_addresses=(address,), out=str(out), progress=False)
     (out / "learner.json").write_text(to_json(lsettings))
     learner = harness.spawn(["-m", "hetrl.learner.learner", str(out / "learner.json")],
-                            learner_cpus, f"pipelining-learner-{run}",
-                            env={"HETRL_TOKEN": token})
+                            learner_cpus, f"pipelining-learner-{run}", token)
     load = common.ForeignLoad([os.getpid(), worker.pid, learner.pid]).start()
     try:
         code = learner.wait(s.total_steps / 200 + 120)

@@ -157,8 +157,10 @@ def _raw_sender(conn: socket.socket) -> None:
 
 def serve() -> int:
     """Child: serve gRPC and raw TCP until stdin closes; print the ports first."""
+    from hetrl.rollout.lifetime import die_with_parent
     from hetrl.rollout.transport import create_server
 
+    die_with_parent()  # first: no child outlives the benchmark
     token = sys.stdin.readline().strip()
     server, grpc_port = create_server("127.0.0.1:0", token)
     handler = grpc.stream_stream_rpc_method_handler(

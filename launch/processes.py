@@ -89,9 +89,12 @@ def spawn(
 def spawn_command(
     name: str, command: list[str], env: dict[str, str], log_path: Path | None,
     echo: TextIO | None = None, echo_prefix: str = "", new_session: bool = False,
+    talk: bool = False,
 ) -> Child:
     """Start `command` with stdin closed and its output in log_path (None: inherited);
-    with `echo`, its output is piped and each line also written there, prefixed."""
+    with `echo`, its output is piped and each line also written there, prefixed. With
+    `talk` (the benchmarks' children), stdin and stdout are text pipes for the caller to
+    converse through, and only stderr goes to log_path."""
     stdout = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,10 +103,11 @@ def spawn_command(
     process = subprocess.Popen(
         command,
         env=dict(env, **{PARENT_ENV: str(os.getpid())}),  # see rollout.lifetime
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE if echo is not None else stdout,
-        stderr=subprocess.STDOUT if (stdout or echo is not None) else None,
-        start_new_session=new_session,
+        stdin=subprocess.PIPE if talk else subprocess.DEVNULL,
+        stdout=subprocess.PIPE if (talk or echo is not None) else stdout,
+        stderr=stdout if talk else (
+            subprocess.STDOUT if (stdout or echo is not None) else None),
+        start_new_session=new_session, text=talk or None,
     )
     if stdout is not None:
         stdout.close()
