@@ -17,7 +17,7 @@ PIP_FLAGS ?= --disable-pip-version-check --no-input
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup train test test-quick lint bench protos docs tables clean
+.PHONY: setup train test test-quick test-lowest lint bench protos docs tables clean
 
 # Training needs only the core package; the extras (the sagemaker SDK alone is ~800 MB)
 # come with the tests.
@@ -45,6 +45,19 @@ test: lint
 test-quick: lint
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# Each lower bound in pyproject.toml is a version a test ran: .venv-lowest holds every
+# runtime dependency at its lower bound (tests/lowest.py), and the core tests run there.
+LOWEST := .venv-lowest
+test-lowest:
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install $(PIP_FLAGS) -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(LOWEST)/bin/python tests/lowest.py > $(LOWEST)/lowest.txt
+	$(LOWEST)/bin/python -m pip install $(PIP_FLAGS) -q -c $(LOWEST)/lowest.txt -e . \
+		"pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
+	$(LOWEST)/bin/python -m pip list --format=freeze > $(LOWEST)/installed.txt
+	$(LOWEST)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS) tests/rollout tests/learner \
+		tests/protos tests/launch/test_local.py tests/launch/test_hyperparameters.py
+
 # Benchmarks (not tests): tables on stdout, JSON and plots in bench/results/.
 # make bench BENCH_ARGS=--quick for a two-minute smoke run.
 bench: setup
@@ -66,4 +79,4 @@ protos: setup
 	$(PY) -m hetrl.protos.generate
 
 clean:
-	rm -rf $(VENV) runs .site .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(LOWEST) runs .site .pytest_cache .ruff_cache .mypy_cache
