@@ -77,7 +77,7 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
 
 def _run(command: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """A documented shell command as a user types it, `hetrl` being this checkout's."""
-    command = re.sub(r"(^|&& |; )hetrl ", rf"\g<1>{sys.executable} -m hetrl ", command)
+    command = re.sub(r"(?m)(^|&& |; )hetrl ", rf"\g<1>{sys.executable} -m hetrl ", command)
     proc = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
