@@ -305,7 +305,7 @@ def update_ceiling(model: str, fragments: int, device: torch.device, s: Settings
     def stack(name: str) -> torch.Tensor:
         return torch.from_numpy(np.concatenate([f[name] for f in frags], axis=1)).to(device)
 
-    batch = Batch(**{name: stack(name) for name in STEP_FIELDS})
+    batch = Batch(**{name: stack(name) for name in STEP_FIELDS if name in frags[0]})
     times = []
     for i in range(s.ceiling_repeats + 1):
         if device.type == "cuda":

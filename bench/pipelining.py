@@ -88,7 +88,8 @@ def serial(s: Settings) -> dict:
         def stack(name: str, frags=frags) -> torch.Tensor:
             return torch.from_numpy(np.concatenate([getattr(f, name) for f in frags], axis=1))
 
-        batch = Batch(**{name: stack(name) for name in STEP_FIELDS})
+        batch = Batch(**{name: stack(name) for name in STEP_FIELDS  # recurrent-only: None
+                         if getattr(frags[0], name) is not None})
         ppo_update(policy, optimizer, batch, cfg)
         t2 = time.perf_counter()
         collect_s, train_s = collect_s + t1 - t0, train_s + t2 - t1

@@ -123,7 +123,7 @@ class BlastServicer(hetrl_pb2_grpc.RolloutServicer):
             worker_id=0, incarnation="bench", num_envs=N_ENVS, fragment_length=T_LEN,
             env=spec.env, observation_space=spec.observation_space,
             action_space=spec.action_space)).SerializeToString()
-        prebuilt = fragments.to_message(arrays, 0, "bench", 0, 0)
+        prebuilt = fragments.to_message(arrays, 0, "bench", 0, 0, 0.0)
         sequence = 0
         while True:
             with cond:
@@ -137,7 +137,7 @@ class BlastServicer(hetrl_pb2_grpc.RolloutServicer):
             if mode == MODES["hetrl"]:
                 yield fragments.serialize(arrays, 0, "bench", sequence, 0)
             elif mode == MODES["pb-objects"]:
-                yield fragments.to_message(arrays, 0, "bench", sequence, 0).SerializeToString()
+                yield fragments.to_message(arrays, 0, "bench", sequence, 0, 0.0).SerializeToString()
             else:
                 prebuilt.fragment.sequence = sequence
                 yield prebuilt.SerializeToString()
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
         s = dataclasses.replace(s, sizes_kib=(64, 1024), repeats=1, seconds=0.3)
     sample = test_fragment(1 << 20)
     assert hetrl_pb2.WorkerMessage.FromString(fragments.serialize(sample, 0, "b", 1, 2)) == \
-        fragments.to_message(sample, 0, "b", 1, 2), "fragments.serialize disagrees"
+        fragments.to_message(sample, 0, "b", 1, 2, 0.0), "fragments.serialize disagrees"
     producer, consumer_cpus = harness.placement(s.placement)
     harness.pin_this_process(consumer_cpus)
     from hetrl.rollout.transport import new_token
