@@ -18,7 +18,8 @@ USER_PATH_ENV = "HETRL_USER_PATH"
 
 def user_modules_importable() -> None:
     """Put the user's folder (HETRL_USER_PATH, else the current directory) first on
-    sys.path, once; call it after hetrl itself is imported (any hetrl entry point)."""
+    sys.path; call it after hetrl itself is imported (any hetrl entry point). First even
+    where it was on the path already, further back: an editable install puts its
+    checkout there (a .pth line), behind the installed packages."""
     folder = os.environ.get(USER_PATH_ENV) or os.getcwd()
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    sys.path[:] = [folder, *(entry for entry in sys.path if entry != folder)]
