@@ -314,6 +314,27 @@ def table_make_bench() -> str:
     return "\n".join(lines) + "\n" + _footer(_source("summary", record))
 
 
+def table_reliability() -> str:
+    """What each fault test measured in the recorded run (bench.reliability)."""
+    record = _record("summary_reliability")
+    r = record["results"]
+    lines = ["| test | outcome | s | measured |", "|---|---|---|---|"]
+    quiet = 0
+    for t in r["tests"]:
+        if not t["measured"] and t["outcome"] == "passed":
+            quiet += 1
+            continue
+        file, _, name = t["test"].removeprefix("tests/reliability/").partition("::")
+        said = "<br>".join(line.replace("|", "\\|").replace("\n", " ").strip()
+                           for line in t["measured"]) or "-"
+        lines.append(f"| `{file}::{name}` | {t['outcome']} | {t['seconds']:.0f} | {said} |")
+    lines.append(f"| {quiet} more tests | passed | | nothing measured beyond their assertions |")
+    total = (f"\n{r['passed']} passed, {r['failed']} failed, {r['skipped']} skipped in "
+             f"{r['wall_seconds'] / 60:.1f} min; other processes kept "
+             f"{r['machine_busy_cores_foreign']:.2f} cores busy meanwhile.\n")
+    return "\n".join(lines) + "\n" + total + _footer(_source("summary_reliability", record))
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "headline": table_headline,
     "solve": table_solve,
@@ -322,6 +343,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "versus-cleanrl": table_versus_cleanrl,
     "make-bench": table_make_bench,
     "soak": table_soak,
+    "reliability": table_reliability,
 }
 
 

@@ -207,7 +207,7 @@ def _rss_mib(pid: int) -> float:
 
 
 def test_a_worker_refuses_more_than_one_set_of_weights_before_buffering_it(
-        tmp_path: Path) -> None:
+        measured, tmp_path: Path) -> None:
     """100 MiB of garbage with the right token: a worker's receive limit is one set of
     its weights (KiB here), so gRPC refuses it unread; it used to be 256 MiB for every
     peer, and a 200 MiB message grew a worker's RSS from 252 to 469 MiB for good."""
@@ -241,7 +241,7 @@ def test_a_worker_refuses_more_than_one_set_of_weights_before_buffering_it(
         refused = time.monotonic() - started
         del garbage
         after = _rss_mib(proc.pid)
-        print(f"\n100 MiB of garbage to a worker: {info.value.code().name} after "
+        measured(f"100 MiB of garbage to a worker: {info.value.code().name} after "
               f"{refused:.2f} s; worker RSS {before:.0f} -> {after:.0f} MiB")
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
         assert after - before < 20

@@ -57,7 +57,7 @@ def streaming(log: Path, address: str) -> int:
 
 
 @pytest.mark.slow
-def test_frozen_env_host_is_detected_and_rejoins(tmp_path: Path) -> None:
+def test_frozen_env_host_is_detected_and_rejoins(measured, tmp_path: Path) -> None:
     # loss_timeout (30 s) must outlast the freeze, or the thawed host's dead-man's switch
     # would rightly end it: the freeze here lasts 10 s.
     cfg = settings(tmp_path / "c", env_hosts=2, total_steps=100_000_000, keepalive_time=1,
@@ -101,7 +101,7 @@ def test_frozen_env_host_is_detected_and_rejoins(tmp_path: Path) -> None:
     result = collect_result(cluster)
     counters = {k: result.summary[k]
                 for k in ("reconnects", "sequence_gaps", "fragments_duplicate")}
-    print(f"\nfrozen env host {frozen_host} (host + 2 workers): detected {detect:.1f} s after "
+    measured(f"frozen env host {frozen_host} (host + 2 workers): detected {detect:.1f} s after "
           f"SIGSTOP (keepalive 1 s + 2 s), frozen {frozen_for:.1f} s (loss_timeout 30 s), "
           f"rejoined {rejoin:.1f} s after SIGCONT; counters {counters}")
     assert detect < 1 + 2 + 5  # keepalive time + timeout, with slack for a loaded machine
@@ -160,7 +160,7 @@ def namespaces():
 
 @pytest.mark.slow
 def test_env_host_behind_a_downed_link_is_detected_and_rejoins(
-    tmp_path: Path, namespaces: Namespaces,
+    measured, tmp_path: Path, namespaces: Namespaces,
 ) -> None:
     ns = namespaces
     cfg = settings(tmp_path / "n", env_hosts=2, workers_per_env_host=1,
@@ -198,7 +198,7 @@ def test_env_host_behind_a_downed_link_is_detected_and_rejoins(
     finally:
         stop_all(list(cluster.hosts.values()), 5.0)
     result = collect_result(cluster)
-    print(f"\nveth link to env host {far} down: detected {detect:.1f} s after (keepalive "
+    measured(f"veth link to env host {far} down: detected {detect:.1f} s after (keepalive "
           f"1 s + 2 s), outage {outage:.1f} s (loss_timeout 30 s), rejoined {rejoin:.1f} s "
           f"after the link came up; duplicates {result.summary['fragments_duplicate']}")
     assert detect < 1 + 2 + 5
@@ -207,7 +207,7 @@ def test_env_host_behind_a_downed_link_is_detected_and_rejoins(
 
 
 @pytest.mark.slow
-def test_killed_learner_host_resumes_and_env_hosts_carry_on(tmp_path: Path) -> None:
+def test_killed_learner_host_resumes_and_env_hosts_carry_on(measured, tmp_path: Path) -> None:
     # The restarted learner must arrive within the env hosts' loss_timeout (60 s).
     cfg = settings(tmp_path / "r", env_hosts=2, workers_per_env_host=1, total_steps=60_000,
                    checkpoint_every=1.0, loss_timeout=60, stop_budget=30)
@@ -260,7 +260,7 @@ def test_killed_learner_host_resumes_and_env_hosts_carry_on(tmp_path: Path) -> N
     assert updates > 0 and adam_saved > 0
     assert adam_saved + 16 * updates <= adam_final <= adam_saved + 20 * updates, (
         adam_saved, adam_final, updates)
-    print(f"\nlearner host SIGKILLed at step {steps_before[-1]} (checkpoint step "
+    measured(f"learner host SIGKILLed at step {steps_before[-1]} (checkpoint step "
           f"{saved['global_step']}, policy version {saved['policy_version']}, Adam step "
           f"{adam_saved}); restarted, streaming from the same 2 workers {rejoined:.1f} s "
           f"after the kill; first step after resume {resumed_steps[0]}; finished at step "
@@ -271,7 +271,7 @@ def test_killed_learner_host_resumes_and_env_hosts_carry_on(tmp_path: Path) -> N
 
 @pytest.mark.slow
 @pytest.mark.parametrize("late", ["env_hosts", "learner"])
-def test_late_start_either_way_waits_and_runs(tmp_path: Path, late: str) -> None:
+def test_late_start_either_way_waits_and_runs(measured, tmp_path: Path, late: str) -> None:
     # Same mechanism as 30 s (resolve_timeout / first_heartbeat_timeout retries), 8 s here.
     delay = 8.0
     cfg = settings(tmp_path / late, env_hosts=1, total_steps=6_000, stop_budget=30)
@@ -293,7 +293,7 @@ def test_late_start_either_way_waits_and_runs(tmp_path: Path, late: str) -> None
     finally:
         stop_all(list(cluster.hosts.values()), 5.0)
     result = collect_result(cluster)
-    print(f"\n{late} started {delay:.0f} s late: first update {to_train:.1f} s after they "
+    measured(f"{late} started {delay:.0f} s late: first update {to_train:.1f} s after they "
           f"started; finished at step {result.summary.get('global_step')}; exit codes "
           f"{result.exit_codes}")
     assert set(result.exit_codes.values()) == {0}, (result.exit_codes, result.failures)
@@ -302,7 +302,7 @@ def test_late_start_either_way_waits_and_runs(tmp_path: Path, late: str) -> None
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_env_host_then_to_the_learner_host(tmp_path: Path) -> None:
+def test_sigterm_to_one_env_host_then_to_the_learner_host(measured, tmp_path: Path) -> None:
     cfg = settings(tmp_path / "t", env_hosts=2, workers_per_env_host=1,
                    total_steps=100_000_000, stop_budget=30)
     log = tmp_path / "learner.log"
@@ -338,14 +338,14 @@ def test_sigterm_to_one_env_host_then_to_the_learner_host(tmp_path: Path) -> Non
     assert state["global_step"] == result.summary["global_step"]
     assert result.summary["outcome"] == "stopped: signal SIGTERM"
     assert "signal SIGTERM" in (cluster.root / "hosts" / stopped_host / "host.log").read_text()
-    print(f"\nSIGTERM env host {stopped_host}: it and its worker exited 0 after "
+    measured(f"SIGTERM env host {stopped_host}: it and its worker exited 0 after "
           f"{env_stop:.1f} s, training went on with {other}; SIGTERM learner host: "
           f"checkpoint at step {state['global_step']}, every host exited 0 after "
           f"{learner_stop:.1f} s (stop budget {cfg.stop_budget:.0f} s)")
 
 
 @pytest.mark.slow
-def test_env_host_health_follows_a_worker_restart(tmp_path: Path) -> None:
+def test_env_host_health_follows_a_worker_restart(measured, tmp_path: Path) -> None:
     cfg = settings(tmp_path / "h", env_hosts=1, total_steps=100_000_000, stop_budget=30)
     cluster = start_hosts(cfg, learner_log=tmp_path / "learner.log")
     host = cluster.env_hosts[0]
@@ -372,6 +372,6 @@ def test_env_host_health_follows_a_worker_restart(tmp_path: Path) -> None:
         wait_all_exit(cluster, cfg.stop_budget + 10)
     finally:
         stop_all(list(cluster.hosts.values()), 5.0)
-    print(f"\nworker 0 SIGKILLed: NOT_SERVING after {down:.2f} s, SERVING again after "
+    measured(f"worker 0 SIGKILLed: NOT_SERVING after {down:.2f} s, SERVING again after "
           f"{up:.1f} s (restart listening)")
     assert set(collect_result(cluster).exit_codes.values()) == {0}

@@ -53,7 +53,7 @@ def last_step(log: Path) -> int:
 
 
 def test_full_disk_keeps_the_model_degrades_metrics_and_names_the_directory(
-        tmp_path: Path) -> None:
+        measured, tmp_path: Path) -> None:
     with tmpfs(tmp_path / "disk", "2m") as disk:
         out = disk / "run"
         launcher_log = tmp_path / "launcher.log"
@@ -85,7 +85,7 @@ def test_full_disk_keeps_the_model_degrades_metrics_and_names_the_directory(
         text = launcher_log.read_text()
         model = load_file(str(out / "model.safetensors"))  # the last one that fitted
         leftovers = [p for p in disk.rglob("*") if p.name.endswith(".tmp")]
-        print(f"\nfull disk: filled {filled:,} bytes at step {at_fill:,}; trained on to "
+        measured(f"full disk: filled {filled:,} bytes at step {at_fill:,}; trained on to "
               f"{last_step(launcher_log):,}; metrics warnings "
               f"{text.count('cannot write metrics')}; exit {code}; model arrays "
               f"{len(model)}; temp files left {leftovers}")

@@ -44,7 +44,7 @@ def newest_checkpoint(out: Path) -> dict:
 
 @pytest.mark.slow
 def test_workers_wait_at_their_credits_with_flat_memory_under_a_stalled_learner(
-    tmp_path: Path,
+    measured, tmp_path: Path,
 ) -> None:
     out = tmp_path / "slow"
     # Long keepalive: the stalled learner must look slow, not gone, for the whole window.
@@ -75,7 +75,7 @@ def test_workers_wait_at_their_credits_with_flat_memory_under_a_stalled_learner(
     for i in range(2):
         rss = [s[i][0] for s in warm]
         cpu = warm[-1][i][1] - warm[0][i][1]
-        print(f"\nworker {i}: RSS over {len(warm)} s with the learner stalled: min "
+        measured(f"worker {i}: RSS over {len(warm)} s with the learner stalled: min "
               f"{min(rss) / MIB:.1f} MiB, max {max(rss) / MIB:.1f} MiB, growth "
               f"{(rss[-1] - rss[0]) / MIB:+.2f} MiB; CPU {cpu:.2f} s in that window "
               f"(vs {busy_cpu[i]:.2f} s in 3 s while training)")
@@ -84,7 +84,7 @@ def test_workers_wait_at_their_credits_with_flat_memory_under_a_stalled_learner(
     assert count(log, "restarting") == 0
 
 
-def test_sigterm_to_the_launcher_stops_gracefully_and_exits_0(tmp_path: Path) -> None:
+def test_sigterm_to_the_launcher_stops_gracefully_and_exits_0(measured, tmp_path: Path) -> None:
     out = tmp_path / "a"
     proc, log = start(out, "--workers", "2", "--total-steps", "100000000")
     try:
@@ -98,7 +98,7 @@ def test_sigterm_to_the_launcher_stops_gracefully_and_exits_0(tmp_path: Path) ->
             os.killpg(proc.pid, signal.SIGKILL)
     summary = json.loads((out / "summary.json").read_text())
     state = newest_checkpoint(out)
-    print(f"\nSIGTERM launcher: exit {code} after {elapsed:.1f} s (grace 20 s); checkpoint "
+    measured(f"SIGTERM launcher: exit {code} after {elapsed:.1f} s (grace 20 s); checkpoint "
           f"at step {state['global_step']}")
     assert code == 0, log.read_text()[-3000:]
     assert summary["outcome"] == "stopped: signal SIGTERM"
@@ -108,7 +108,7 @@ def test_sigterm_to_the_launcher_stops_gracefully_and_exits_0(tmp_path: Path) ->
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
 
 
-def test_sigterm_to_a_worker_then_to_the_learner(tmp_path: Path) -> None:
+def test_sigterm_to_a_worker_then_to_the_learner(measured, tmp_path: Path) -> None:
     out = tmp_path / "bc"
     proc, log = start(out, "--workers", "2", "--total-steps", "100000000",
                       "--connect-timeout", "3")
@@ -139,7 +139,7 @@ def test_sigterm_to_a_worker_then_to_the_learner(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
     summary = json.loads((out / "summary.json").read_text())
     state = newest_checkpoint(out)
-    print(f"\nSIGTERM worker 1: gone after {worker_stop:.1f} s, not restarted, training "
+    measured(f"SIGTERM worker 1: gone after {worker_stop:.1f} s, not restarted, training "
           f"went on; SIGTERM learner: launcher exit {code} after {learner_stop:.1f} s, "
           f"checkpoint at step {state['global_step']}; lost {summary['workers_lost']}")
     assert code == 0, log.read_text()[-3000:]

@@ -45,7 +45,8 @@ def worker_pid(out: Path, i: int) -> int:
     return pids[0]
 
 
-def test_killed_and_frozen_workers_rejoin_and_nothing_is_trained_twice(tmp_path: Path) -> None:
+def test_killed_and_frozen_workers_rejoin_and_nothing_is_trained_twice(
+        measured, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc, log = start(out, "--workers", "2", "--envs-per-worker", "4", "--total-steps",
                       "100000000", "--keepalive-time", "1", "--keepalive-timeout", "2")
@@ -83,7 +84,7 @@ def test_killed_and_frozen_workers_rejoin_and_nothing_is_trained_twice(tmp_path:
     summary = json.loads((out / "summary.json").read_text())
     counters = {k: summary[k] for k in ("reconnects", "sequence_gaps", "fragments_duplicate",
                                         "fragments_malformed")}
-    print(f"\nSIGKILL worker: restarted and streaming again after {rejoin_kill:.1f} s; "
+    measured(f"SIGKILL worker: restarted and streaming again after {rejoin_kill:.1f} s; "
           f"SIGSTOP worker: detected after {detect:.1f} s (keepalive 1 s + 2 s), rejoined "
           f"{rejoin_stop:.1f} s after SIGCONT; counters {counters}")
     assert detect < 1 + 2 + 5  # keepalive time + timeout, with slack for a loaded machine
@@ -94,7 +95,7 @@ def test_killed_and_frozen_workers_rejoin_and_nothing_is_trained_twice(tmp_path:
 
 
 @pytest.mark.slow
-def test_hung_env_restarts_its_worker_while_training_goes_on(tmp_path: Path) -> None:
+def test_hung_env_restarts_its_worker_while_training_goes_on(measured, tmp_path: Path) -> None:
     out, flag = tmp_path / "hang", tmp_path / "hang.flag"
     proc, log = start(out, "--env", "tests.reliability.envs:HangsOnce", "--workers", "2",
                       "--envs-per-worker", "2", "--fragment-length", "16", "--total-steps",
@@ -110,7 +111,7 @@ def test_hung_env_restarts_its_worker_while_training_goes_on(tmp_path: Path) -> 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     summary = json.loads((out / "summary.json").read_text())
-    print(f"\nhung env: worker exited {detect:.1f} s after the hang (--step-timeout 3); "
+    measured(f"hung env: worker exited {detect:.1f} s after the hang (--step-timeout 3); "
           f"step at hang {step_at_hang}, final {summary['global_step']}, "
           f"reconnects {summary['reconnects']}, duplicates {summary['fragments_duplicate']}")
     assert detect < 3 + 6
@@ -121,7 +122,7 @@ def test_hung_env_restarts_its_worker_while_training_goes_on(tmp_path: Path) -> 
 
 
 def test_worker_hung_at_the_end_never_delays_the_model_and_the_run_exits_0(
-        tmp_path: Path) -> None:
+        measured, tmp_path: Path) -> None:
     """One worker's env hangs for 60 s (under --step-timeout, so no watchdog) while the
     other finishes the run: the model and checkpoint are written as training ends, the
     hung stream is closed after the bounded final Stop, and the run exits 0."""
@@ -140,7 +141,7 @@ def test_worker_hung_at_the_end_never_delays_the_model_and_the_run_exits_0(
     finishing = (out / "launch" / "learner.finishing").stat().st_mtime
     model = (out / "model.safetensors").stat().st_mtime
     summary = json.loads((out / "summary.json").read_text())
-    print(f"\nworker hung at the end: model written {model - finishing:.2f} s after training "
+    measured(f"worker hung at the end: model written {model - finishing:.2f} s after training "
           f"ended; launcher exit 0 {ended - finishing:.1f} s after it; hang began "
           f"{finishing - float(flag.read_text()):.1f} s before it; not stopped: "
           f"{summary['workers_not_stopped']}")
@@ -153,7 +154,7 @@ def test_worker_hung_at_the_end_never_delays_the_model_and_the_run_exits_0(
 
 @pytest.mark.slow
 def test_every_worker_stalling_is_warned_while_it_happens_and_judged_a_stall(
-        tmp_path: Path) -> None:
+        measured, tmp_path: Path) -> None:
     """Every worker's env hangs for 20 s (under --step-timeout): the learner warns while
     it happens (after 10 s without a fragment from anyone) and the verdict calls it a
     stall, not a shortage of workers ("add about 18 more workers", as it used to)."""
@@ -172,7 +173,7 @@ def test_every_worker_stalling_is_warned_while_it_happens_and_judged_a_stall(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     summary = json.loads((out / "summary.json").read_text())
-    print(f"\nevery worker hung 20 s: warned {warned:.1f} s after the hang began; stalled "
+    measured(f"every worker hung 20 s: warned {warned:.1f} s after the hang began; stalled "
           f"{summary['stalled_seconds']} s; verdict {summary['verdict']}: "
           f"{summary['verdict_text']}")
     assert warned < 20  # while it happened
@@ -194,7 +195,8 @@ def _log_times(path: Path, pattern: str) -> list[float]:
 
 
 @pytest.mark.slow
-def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(tmp_path: Path) -> None:
+def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(
+        measured, tmp_path: Path) -> None:
     """SIGSTOP the learner for 8 s with keepalive 1 s + 2 s: each worker's stream ends
     within that bound (it used to survive a 25 s freeze unnoticed: grpcio timed out the
     server's keepalive pings after its general 60 s ping timeout), and on SIGCONT the
@@ -227,7 +229,7 @@ def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(tmp_path: Pa
     ended = [[round(t - frozen, 1) for t in _log_times(w, "stream ended without a Stop")]
              for w in worker_logs]
     summary = json.loads((out / "summary.json").read_text())
-    print(f"\nlearner frozen 8 s: workers' streams ended {ended} s after SIGSTOP (keepalive "
+    measured(f"learner frozen 8 s: workers' streams ended {ended} s after SIGSTOP (keepalive "
           f"1 s + 2 s); both streaming again {rejoined:.1f} s after SIGCONT; duplicates "
           f"{summary['fragments_duplicate']}")
     assert all(e and e[0] < 1 + 2 + 2 for e in ended), ended  # bound + log-time slack
@@ -241,7 +243,8 @@ def test_workers_notice_a_frozen_learner_within_the_keepalive_bound(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_a_worker_that_keeps_dying_does_not_end_a_run_that_makes_progress(tmp_path) -> None:
+def test_a_worker_that_keeps_dying_does_not_end_a_run_that_makes_progress(
+        measured, tmp_path) -> None:
     # Each worker process dies every ~4,000 of its steps (1,000 per env): 10+ deaths per
     # worker in a run of 60k steps, far past any budget per run, and the run finishes.
     out = tmp_path / "leaky"
@@ -254,7 +257,7 @@ def test_a_worker_that_keeps_dying_does_not_end_a_run_that_makes_progress(tmp_pa
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     summary = json.loads((out / "summary.json").read_text())
-    print(f"\nleaky workers: {summary['worker_restarts']} restarts, "
+    measured(f"leaky workers: {summary['worker_restarts']} restarts, "
           f"{summary['global_step']} steps, outcome {summary['outcome']}")
     assert summary["outcome"] == "finished" and summary["global_step"] >= 60_000
     assert summary["worker_restarts"] >= 8
@@ -283,7 +286,7 @@ def test_a_worker_that_cannot_deliver_ends_the_run_naming_the_cause(tmp_path) ->
 
 
 @pytest.mark.slow
-def test_a_slow_simulator_is_slow_not_stalled_and_stops_at_once(tmp_path) -> None:
+def test_a_slow_simulator_is_slow_not_stalled_and_stops_at_once(measured, tmp_path) -> None:
     """13 ms a step, 8 envs x 64 steps: each fragment takes ~7 s, longer than the 5 s a
     stop waits and close to the old 10 s stall alarm. Slow is not hung: no stall is
     reported, a stop ends the fragment in progress at once (cancelled, not awaited), and
@@ -303,7 +306,7 @@ def test_a_slow_simulator_is_slow_not_stalled_and_stops_at_once(tmp_path) -> Non
             os.killpg(proc.pid, signal.SIGKILL)
     output = log.read_text()
     summary = json.loads((out / "summary.json").read_text())
-    print(f"\nslow env: stopped {stopped:.1f} s after SIGTERM; verdict {summary['verdict_text']}")
+    measured(f"slow env: stopped {stopped:.1f} s after SIGTERM; verdict {summary['verdict_text']}")
     assert "stalled" not in output and summary["stalled_seconds"] == 0, output[-3000:]
     assert summary["workers_not_stopped"] == [] and "did not end their streams" not in output
     assert stopped < 10

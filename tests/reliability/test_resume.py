@@ -23,7 +23,7 @@ def run(out: Path, total: int, *extra: str) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def test_a_resumed_run_reports_the_whole_run(tmp_path: Path) -> None:
+def test_a_resumed_run_reports_the_whole_run(measured, tmp_path: Path) -> None:
     out = tmp_path / "run"
     first = run(out, 4000)
     second = run(out, 8000, "--resume")
@@ -33,7 +33,7 @@ def test_a_resumed_run_reports_the_whole_run(tmp_path: Path) -> None:
     sps_after = records[resumed_at]["charts/SPS"]
     report = (out / "report" / "report.md").read_text()
     reported = float(report.split("| env steps / s | ")[1].split(" |")[0].replace(",", ""))
-    print(f"\nresume: episodes {first['episodes']} -> {second['episodes']}, wall "
+    measured(f"resume: episodes {first['episodes']} -> {second['episodes']}, wall "
           f"{first['wall_seconds']} -> {second['wall_seconds']} s, fragments_received "
           f"{first['fragments_received']} -> {second['fragments_received']} for "
           f"{second['global_step'] // FRAGMENT_STEPS} fragments of steps; first SPS after "
