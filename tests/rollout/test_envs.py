@@ -63,6 +63,7 @@ def test_empty_env_refused() -> None:
 
 
 def test_atari_workers_simulate_what_the_learner_describes() -> None:
+    pytest.importorskip("ale_py")  # the atari extra
     # ale-py's own vector env preprocesses frames; workers must not use it silently.
     settings = EnvSettings(env="ALE/Pong-v5", env_import=("ale_py",))
     envs = make_vector_env(settings, 2)

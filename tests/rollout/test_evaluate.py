@@ -49,6 +49,7 @@ def test_load_policy_needs_no_flags_and_acts_on_one_or_many(small_run: Path) -> 
 
 
 def test_enjoy_prints_returns_and_records_real_videos(small_run: Path, tmp_path: Path) -> None:
+    pytest.importorskip("moviepy")  # the video extra
     videos = tmp_path / "videos"
     proc = hetrl("enjoy", str(small_run), "--episodes", "2", "--deterministic",
                  "--video", str(videos))
