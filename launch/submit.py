@@ -166,7 +166,7 @@ _ENV_EXTRAS = {
     "MuJoCo": (re.compile(r"(Ant|HalfCheetah|Hopper|Humanoid|HumanoidStandup|"
                           r"InvertedPendulum|InvertedDoublePendulum|Pusher|Reacher|Swimmer|"
                           r"Walker2d)-v\d+"), ("gymnasium[mujoco]", "mujoco"),
-               "gymnasium[mujoco]>=1.0,<2"),
+               "gymnasium[mujoco]>=1.1,<2"),
     # The Atari pipeline (--atari, the atari preset) resizes frames with OpenCV.
     "Atari": (re.compile(r"ALE/.+"), ("gymnasium[atari]", "ale-py", "ale_py"),
               "ale-py>=0.9' and 'opencv-python-headless>=4.8"),
