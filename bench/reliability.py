@@ -25,7 +25,7 @@ import tyro
 
 from bench import common
 
-RECORD_ENV = "HETRL_RELIABILITY_RECORD"  # as tests/reliability/conftest.py reads it
+RECORD_ENV = "HETRL_RELIABILITY_RECORD"  # tests/reliability/conftest.py writes there
 
 
 @dataclasses.dataclass

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 
 
 def _blocks(page: str, language: str, heading: str | None = None) -> list[str]:
@@ -53,28 +53,6 @@ def _shell_commands(block: str) -> list[str]:
     return [line.split("  #")[0].strip() for line in joined.splitlines() if line.strip()]
 
 
-@pytest.mark.slow
-def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
-    tour = "## A tour in five commands"
-    commands = [c for b in _blocks("README.md", "bash", tour) for c in _shell_commands(b)]
-    assert [c.split()[1] for c in commands] == ["local", "enjoy", "emulate", "submit"]
-    python_block, = _blocks("README.md", "python", tour)
-    (tmp_path / "tour.py").write_text(python_block.replace("total_steps=50_000",
-                                                           "total_steps=4_000"))
-    steps = [(c, re.sub(r"--total-steps \d+", "--total-steps 4000", c)) for c in commands]
-    steps.insert(2, ("the Python block", f"{sys.executable} tour.py"))
-    for shown, command in steps:
-        command = re.sub(r"^hetrl ", f"{sys.executable} -m hetrl ", command)
-        proc = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300, stdin=subprocess.DEVNULL)
-        assert proc.returncode == 0, f"{shown}\n{proc.stdout}\n{proc.stderr}"
-        if shown == "the Python block":
-            ok_line, action_line = proc.stdout.strip().splitlines()[-2:]
-            assert ok_line.startswith("True ") and action_line in {"0", "1"}, proc.stdout
-        if " submit " in command:
-            assert '"InstanceGroups"' in proc.stdout
-
-
 def _run(command: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """A documented shell command as a user types it, `hetrl` being this checkout's."""
     command = re.sub(r"(?m)(^|&& |; )hetrl ", rf"\g<1>{sys.executable} -m hetrl ", command)
@@ -84,12 +62,36 @@ def _run(command: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedP
     return proc
 
 
+def _small_budget(command: str) -> str:
+    """A documented command with a 4,000-step budget instead of the page's."""
+    return re.sub(r"--total-steps \d+", "--total-steps 4000", command)
+
+
+@pytest.mark.slow
+def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
+    tour = "## A tour in five commands"
+    commands = [c for b in _blocks("README.md", "bash", tour) for c in _shell_commands(b)]
+    assert [c.split()[1] for c in commands] == ["local", "enjoy", "emulate", "submit"]
+    python_block, = _blocks("README.md", "python", tour)
+    (tmp_path / "tour.py").write_text(python_block.replace("total_steps=50_000",
+                                                           "total_steps=4_000"))
+    steps = [(c, _small_budget(c)) for c in commands]
+    steps.insert(2, ("the Python block", f"{sys.executable} tour.py"))
+    for shown, command in steps:
+        proc = _run(command, tmp_path)
+        if shown == "the Python block":
+            ok_line, action_line = proc.stdout.strip().splitlines()[-2:]
+            assert ok_line.startswith("True ") and action_line in {"0", "1"}, proc.stdout
+        if " submit " in command:
+            assert '"InstanceGroups"' in proc.stdout
+
+
 def _train_cartpole(folder: Path) -> None:
     """runs/cartpole as the README's tour makes it, with a 4,000-step budget."""
     tour = next(c for c in _shell_commands(_blocks("README.md", "bash",
                                                    "## A tour in five commands")[0]))
     assert tour.startswith("hetrl local") and "--out runs/cartpole" in tour
-    _run(re.sub(r"--total-steps \d+", "--total-steps 4000", tour), folder)
+    _run(_small_budget(tour), folder)
 
 
 @pytest.mark.slow
@@ -118,8 +120,6 @@ def test_running_workers_and_the_learner_by_hand_works_as_written(tmp_path: Path
     """docs/cli.md's two machines, on this one: its address made 127.0.0.1, a free port,
     and a step budget for the learner; the worker ends when the learner is done."""
     pytest.importorskip("mujoco")  # the block's Humanoid-v5
-    from tests.helpers import free_port
-
     block, = _blocks("docs/cli.md", "bash")
     port = str(free_port())
     export, worker, learner = (
@@ -137,7 +137,7 @@ def test_the_cost_pages_reports_and_plan_run_as_written(tmp_path: Path) -> None:
     commands = _shell_commands(_blocks(page, "bash")[0])
     assert [c.split()[1] for c in commands] == ["local", "local", "report", "report", "report"]
     for command in commands:
-        out = _run(re.sub(r"--total-steps \d+", "--total-steps 4000", command), tmp_path).stdout
+        out = _run(_small_budget(command), tmp_path).stdout
         if command.endswith("ml.c5.9xlarge"):
             assert "$" in out, out  # the comparison prices both runs
     plan_line = next(line for line in (ROOT / page).read_text().splitlines()
@@ -152,7 +152,7 @@ def test_the_cluster_pages_emulation_and_dry_run_run_as_written(tmp_path: Path) 
     page = "docs/cluster.md"
     emulate, = _shell_commands(_blocks(page, "bash")[0])
     assert emulate.startswith("hetrl emulate")
-    _run(re.sub(r"--total-steps \d+", "--total-steps 4000", emulate), tmp_path)
+    _run(_small_budget(emulate), tmp_path)
     assert list((tmp_path / "runs" / "c").rglob("model.safetensors"))
     section = "## SageMaker: one heterogeneous job"
     commands = _shell_commands(_blocks(page, "bash", section)[0])
@@ -183,9 +183,9 @@ RUN_BY = {
 
 def test_no_code_block_is_left_unrun() -> None:
     """A new bash or python block in the README or the docs needs a test that runs it."""
-    found = {str(page.relative_to(ROOT)): len(_blocks(str(page.relative_to(ROOT)), "bash"))
-             + len(_blocks(str(page.relative_to(ROOT)), "python"))
-             for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+    pages = [str(p.relative_to(ROOT)) for p in [ROOT / "README.md",
+                                                 *sorted((ROOT / "docs").glob("*.md"))]]
+    found = {page: len(_blocks(page, "bash")) + len(_blocks(page, "python")) for page in pages}
     assert {page: n for page, n in found.items() if n} == {
         page: len(tests) for page, tests in RUN_BY.items()}
     names = set(globals())

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-RECORD_ENV = "HETRL_RELIABILITY_RECORD"
+from bench.reliability import RECORD_ENV
 
 
 @pytest.fixture
