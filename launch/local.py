@@ -369,13 +369,13 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
         lambda i, port, ready: pick(WorkerSettings, settings, worker_id=i, host="127.0.0.1",
                                     port=port, ready_file=ready),
         run_dir, env, say=say, new_session=True)
-    learner: Child | None = None
+    learners: list[Child] = []  # rank 0 first (a learner group: --learners > 1)
     evaluator: Child | None = None
     signals: list[int] = []
     stopping = threading.Event()  # from here on a first signal interrupts nothing
 
     def children() -> list[Child]:  # stopped together: the learner checkpoints meanwhile
-        return [*workers.workers, *([learner] if learner is not None else [])]
+        return [*workers.workers, *learners]
 
     def on_signal(signum, _frame):
         signals.append(signum)
@@ -407,15 +407,21 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
         stop_reason.unlink(missing_ok=True)
         learner_settings = pick(LearnerSettings, settings, addresses_file=str(addresses_file),
                                 finishing_file=str(finishing), write_settings=False,
-                                stop_reason_file=str(stop_reason))
-        learner = spawn("learner", "hetrl.learner.learner", learner_settings, run_dir, env,
-                        log_to_file=False, new_session=True)
+                                stop_reason_file=str(stop_reason),
+                                rendezvous=_group_rendezvous(run_dir, settings.learners))
+        for rank in range(settings.learners):
+            # Rank 0 talks on this terminal; the other ranks log to launch/logs.
+            learners.append(spawn(
+                "learner" if rank == 0 else f"learner-rank{rank}", "hetrl.learner.learner",
+                dataclasses.replace(learner_settings, rank=rank), run_dir,
+                _group_environment(env, settings.learners), log_to_file=rank > 0,
+                new_session=True))
         addresses = workers.start_and_wait(settings.workers, settings.startup_timeout)
         write_json(addresses_file, {"addresses": addresses})
         if settings.eval_every:
             evaluator = start_evaluator(Path(settings.out), settings.eval_episodes,
                                         settings.seed, run_dir, env, new_session=True)
-        code = _watch(workers, learner, finishing, settings.shutdown_grace)
+        code = _watch(workers, learners, finishing, settings.shutdown_grace)
         stopping.set()
         if evaluator is not None and code == EXIT_OK:
             finish_evaluations(evaluator, Path(settings.out), settings.shutdown_grace)
@@ -423,7 +429,7 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
     except _Interrupted as exc:
         say(f"{_signal_name(exc.signum)}: stopping; the learner saves its model and a "
             "checkpoint first (Ctrl-C again to quit at once)")
-        _stop_learner_first(learner, exc.signum, settings.shutdown_grace)
+        _stop_learners_first(learners, exc.signum, settings.shutdown_grace)
         stop_all(children(), settings.shutdown_grace)
         if exc.signum == signal.SIGTERM and all(c.exit_code() == 0 for c in children()):
             # A stop (SageMaker's, a scheduler's) that every child honoured: the learner
@@ -435,10 +441,10 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
         say(str(exc))
         if not isinstance(exc, _LearnerFailed):  # the learner's summary says its own
             events.failure = str(exc)
-        if learner is not None and learner.exit_code() is None:
+        if any(learner.exit_code() is None for learner in learners):
             # The learner's summary names this cause, not "stopped: signal SIGTERM".
             _tell_stop_reason(run_dir, str(exc).strip().splitlines()[0])
-        _stop_learner_first(learner, signal.SIGTERM, settings.shutdown_grace)
+        _stop_learners_first(learners, signal.SIGTERM, settings.shutdown_grace)
         stop_all(children(), settings.shutdown_grace)
         return EXIT_FAILED
     finally:
@@ -473,16 +479,20 @@ def _signal_name(signum: int) -> str:
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
-def _stop_learner_first(learner: Child | None, signum: int, grace: float) -> None:
-    """Pass the stop to the learner and give it `grace` s: it saves its model and a
-    checkpoint, then stops its workers itself (a Stop on each stream)."""
-    if learner is None or learner.exit_code() is not None:
-        return
-    learner.process.send_signal(signum)
-    try:
-        learner.process.wait(grace)
-    except subprocess.TimeoutExpired:
-        say(f"the learner did not stop within {grace:.0f} s (--shutdown-grace); ending it")
+def _stop_learners_first(learners: list[Child], signum: int, grace: float) -> None:
+    """Pass the stop to every learner rank at once and give them `grace` s: rank 0 saves
+    the model and a checkpoint, then each rank stops its workers itself (a Stop on each
+    stream)."""
+    running = [learner for learner in learners if learner.exit_code() is None]
+    for learner in running:
+        learner.process.send_signal(signum)
+    deadline = time.monotonic() + grace
+    for learner in running:
+        try:
+            learner.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            say(f"the {learner.name} did not stop within {grace:.0f} s (--shutdown-grace); "
+                "ending it")
 
 
 def say(message: str) -> None:
@@ -492,32 +502,59 @@ def say(message: str) -> None:
     print(f"{prefix}hetrl: {message}", file=sys.stderr, flush=True)
 
 
-def _watch(workers: Supervisor, learner: Child, finishing: Path, grace: float) -> int:
-    """Wait for the learner while `workers` restarts those that crash; on its success,
-    let the workers finish (launch.supervisor) and return EXIT_OK.
+def _watch(workers: Supervisor, learners: list[Child], finishing: Path, grace: float) -> int:
+    """Wait for the learner (every rank of a group) while `workers` restarts those that
+    crash; on its success, let the workers finish (launch.supervisor) and return EXIT_OK.
 
     Once the learner has begun to stop (it creates `finishing` first) or has exited,
     nothing is restarted: a worker born then would wait for a learner that never comes.
 
     Raises:
-        ChildFailedError: the learner failed, or a worker did (Supervisor.poll).
+        ChildFailedError: a learner rank failed, or a worker did (Supervisor.poll).
     """
 
     def training() -> bool:
-        return not finishing.exists() and learner.exit_code() is None
+        return not finishing.exists() and all(c.exit_code() is None for c in learners)
 
-    while (code := learner.exit_code()) is None:
+    while True:
+        codes = [learner.exit_code() for learner in learners]
+        failed = next(((c, code) for c, code in zip(learners, codes, strict=True)
+                       if code not in (None, EXIT_OK)), None)
+        if failed is not None or all(code is not None for code in codes):
+            break
         workers.poll(may_restart=training)
         time.sleep(0.1)
-    if code < 0:
-        raise _LearnerFailed(f"the learner was killed by {signal.Signals(-code).name} "
-                             "(out of memory, or someone's kill?); its last checkpoint "
-                             "stands")
-    if code != EXIT_OK:
-        raise _LearnerFailed(f"the learner exited with code {code}; its error is the last "
-                             "ERROR line above")
+    if failed is not None:
+        child, code = failed
+        name = "the learner" if len(learners) == 1 else f"the {child.name}"
+        assert code is not None
+        if code < 0:
+            raise _LearnerFailed(f"{name} was killed by {signal.Signals(-code).name} "
+                                 "(out of memory, or someone's kill?); its last checkpoint "
+                                 "stands")
+        raise _LearnerFailed(f"{name} exited with code {code}; its error is the last "
+                             "ERROR line above" + (f" (or in launch/logs/{child.name}.log)"
+                                                   if len(learners) > 1 else ""))
     workers.finish(grace)
     return EXIT_OK
+
+
+def _group_rendezvous(run_dir: Path, learners: int) -> str:
+    """Where a local learner group meets: a file in the run's launch folder (a file
+    store: no port to open; a stale one from an earlier run would mislead it)."""
+    if learners == 1:
+        return ""
+    store = run_dir / "learner-group.store"
+    store.unlink(missing_ok=True)
+    return f"file://{store.resolve()}"
+
+
+def _group_environment(env: dict[str, str], learners: int) -> dict[str, str]:
+    """A local group's ranks connect over the loopback interface only (gloo otherwise
+    listens on the interface of the host's name, which may face a network)."""
+    if learners == 1 or "GLOO_SOCKET_IFNAME" in env:
+        return env
+    return dict(env, GLOO_SOCKET_IFNAME="lo")
 
 
 def _is_main_thread() -> bool:

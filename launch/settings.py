@@ -43,6 +43,10 @@ class LocalRunSettings:
 
     workers: int = 2
     """Rollout worker processes (one per spare core is a good start)."""
+    learners: int = 1
+    """Learner processes training one policy together, data parallel (a learner group:
+    one per GPU, or CPU processes over gloo); each trains on its share of the workers,
+    and their gradients are averaged at every minibatch. Needs --workers >= --learners."""
     startup_timeout: float = 120.0
     """Seconds a worker may take to start listening before the run is abandoned."""
     shutdown_grace: float = 20.0
@@ -62,6 +66,10 @@ class LocalRunSettings:
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
+        require(self.learners >= 1, f"--learners must be >= 1, got {self.learners}")
+        require(self.workers >= self.learners,
+                f"--learners {self.learners} needs at least as many --workers (each rank "
+                f"trains on its own), got {self.workers}")
         require(self.connect_timeout > 0, "--connect-timeout must be > 0")
         require(self.startup_timeout > 0, "--startup-timeout must be > 0")
         require(self.shutdown_grace > 0, "--shutdown-grace must be > 0")

@@ -226,6 +226,14 @@ class Batcher:
         with self._books_lock:
             return self.global_step, tuple(self.recent_returns)
 
+    def counts(self, episodes_seen: int) -> tuple[int, int, list[float]]:
+        """(global step, episodes, the returns of the episodes after the first
+        `episodes_seen`, at most the last 100) as of one moment: a learner group's turn."""
+        with self._books_lock:
+            new = min(self.episodes - episodes_seen, len(self.recent_returns))
+            returns = list(self.recent_returns)[len(self.recent_returns) - new:]
+            return self.global_step, self.episodes, returns
+
     # -- the batcher thread ------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -387,7 +395,7 @@ class Batcher:
         with self._books_lock:
             self.global_step += fragment.steps
             self.recent_returns.extend(returns.tolist())
-        self.episodes += len(returns)
+            self.episodes += len(returns)
         lag = train_version - fragment.policy_version
         self.lag_histogram[lag] += 1
         if lag > self._max_policy_lag:

@@ -39,6 +39,15 @@ from hetrl.learner.connections import (
     fan_in_bound,
 )
 from hetrl.learner.evaluation import PeriodicEval
+from hetrl.learner.group import (
+    GroupBooks,
+    GroupError,
+    LearnerGroup,
+    optimizer_tensors,
+    rank_addresses,
+    rank_share,
+    weights_sha256,
+)
 from hetrl.learner.inference import InferenceServer, check_inference_alive
 from hetrl.learner.metrics import MetricsWriter, RunBooks
 from hetrl.learner.optimizer import PolicyAdam
@@ -68,10 +77,14 @@ FINAL_STOP_SECONDS = 5.0
 STALL_SECONDS = 10.0
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def resolve_device(name: str, rank: int = 0) -> torch.device:
+    """--device as a torch device; `rank` of a learner group picks its own GPU (one per
+    rank, round robin over this host's) where the name gives no index."""
+    device = torch.device("cuda" if name == "auto" and torch.cuda.is_available()
+                          else "cpu" if name == "auto" else name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+    return device
 
 
 class Learner:
@@ -86,10 +99,25 @@ class Learner:
                      "worker inference), so policy lag is 0 or 1",
                      settings.credits_per_worker)
             settings = dataclasses.replace(settings, credits_per_worker=1)
+        if settings.rank:
+            # Rank 0 writes the run's outputs; the others keep their own books in
+            # <out>/ranks/rank<N> (the same group figures, their own waits) and no more.
+            settings = dataclasses.replace(settings, progress=False, eval_every=0,
+                                           write_settings=False, track=False)
         self.settings = settings
         torch.set_num_threads(settings.learner_torch_threads)
         torch.manual_seed(settings.seed)
-        self.device = resolve_device(settings.device)
+        self.device = resolve_device(settings.device, settings.rank)
+        # A learner group's ranks train one policy on their own workers (learner/group.py).
+        self.group = (LearnerGroup(settings.rank, settings.learners, settings.rendezvous,
+                                   self.device) if settings.learners > 1 else None)
+        self.leader = self.group is None or self.group.leader
+        addresses = settings.worker_addresses
+        self._rank_workers = [len(addresses)]
+        if self.group is not None:
+            self._rank_workers = [len(rank_addresses(addresses, r, settings.learners))
+                                  for r in range(settings.learners)]
+            addresses = rank_addresses(addresses, settings.rank, settings.learners)
         description = describe_env(settings)
         obs_space, act_space = description.observation_space, description.action_space
         self.policy = Policy(obs_space, act_space, settings).to(self.device)
@@ -97,7 +125,11 @@ class Learner:
         self.version = 0
         self.out = Path(settings.out or default_run_dir(settings.env, settings.seed))
         self.checkpoint_dir = Path(settings.checkpoint_dir or self.out / "checkpoints")
-        resumed = self._resume() if settings.resume else None
+        if not self.leader:
+            self.out = self.out / "ranks" / f"rank{settings.rank}"
+        resumed = self._resume() if settings.resume and self.leader else None
+        if self.group is not None:
+            resumed = self._share_start(resumed)
         self.spec = StreamSpec(
             env=settings.env,
             observation_space=str(obs_space),
@@ -110,7 +142,7 @@ class Learner:
         # Bounded in practice by the credits: each worker holds at most
         # credits_per_worker fragments in flight, plus one failure notice per stream.
         self.fan_in: queue.Queue = queue.Queue(
-            maxsize=fan_in_bound(len(settings.worker_addresses), settings.credits_per_worker))
+            maxsize=fan_in_bound(len(addresses), settings.credits_per_worker))
         # The last weights known to be finite: what a non-finite update is rolled back to.
         self._good_state = self._snapshot()
         weights = weights_message(self.version, self._good_state)
@@ -122,7 +154,7 @@ class Learner:
                          settings.credits_per_worker, settings.connect_timeout,
                          options=transport_options(settings), nonfinite=settings.nonfinite,
                          inference=self.inference)
-            for address in settings.worker_addresses
+            for address in addresses
         ]
         self.publisher = Publisher(self.streams, self.device, inference=self.inference)
         stall = StallWatch(STALL_SECONDS)
@@ -130,33 +162,71 @@ class Learner:
             self.fan_in, self.streams, self.device, target=self.fragments_per_batch,
             version=self.version,
             max_policy_lag=settings.max_policy_lag,
-            budget_spent=lambda: self.global_step >= settings.total_steps,
+            budget_spent=lambda: self._estimated_step() >= settings.total_steps,
             return_credit=self.publisher.return_credit,
             stall=stall, on_lost=lambda failure: self.books.worker_lost(failure),
             one_per_stream=self.inference is not None,
         )
-        self.books = RunBooks(settings, self.out, self.streams, self.batcher, stall,
-                              UtilisationSampler(self.device))
+        # The group's books (every rank's counts, summed at each turn) or the batcher's.
+        self.tally = GroupBooks() if self.group is not None else None
+        self.books = RunBooks(settings, self.out, self.streams, self.tally or self.batcher,
+                              stall, UtilisationSampler(self.device))
         self.books.summary_extras = self._summary_extras
         if resumed is not None:
             path, step, totals = resumed
-            self.batcher.global_step = step
+            if self.tally is not None:
+                self.tally.restore(step)
+            else:
+                self.batcher.global_step = step
             self.books.restore(path, totals)
+            if self.tally is not None:
+                self.tally.rebase()
+        # A group rank's own figures since it started, as its turns report them.
+        self._episodes_told = 0
+        self._steps_at_turn = 0
+        self._lockstep_seconds = 0.0
+        self._waited_before, self._trained_before = (self.books.wait_seconds,
+                                                     self.books.train_seconds)
+        self._checkpoint_agreed = False
+        self._between_turns = True
+        self._start_version = self.version
+        self._rank_checksums: list[str] = []
         self._stop_reason: str | None = None
         self._stop_failed = False
         self._finishing = False
         self.evals = PeriodicEval(self.out, settings.eval_every, settings)
         # The best policy by training return (with --eval-every the evaluator keeps it).
-        self.best = BestPolicy(self.out, enabled=not settings.eval_every)
+        self.best = BestPolicy(self.out, enabled=self.leader and not settings.eval_every)
         # Room for a model, a checkpoint (weights, Adam's two moments) and a best policy,
         # twice over, whatever fills the disk (learner/reserve.py).
         weights = sum(v.numel() * v.element_size() for v in self.policy.state_dict().values())
         self.reserve = DiskReserve(self.out, 2 * 5 * weights + (1 << 20))
 
-    def _summary_extras(self) -> dict[str, float]:
-        extras: dict[str, float] = {"weights_publish_failures": self.publisher.failures}
+    def _summary_extras(self) -> dict[str, object]:
+        extras: dict[str, object] = {"weights_publish_failures": self.publisher.failures}
         if self.inference is not None:
             extras.update(self.inference.stats())
+        if self.group is not None and self.tally is not None:
+            group, tally = self.group, self.tally
+            extras["learner_group"] = {
+                "ranks": group.ranks,
+                "rank": group.rank,
+                "backend": "nccl" if self.device.type == "cuda" else "gloo",
+                "rank_workers": self._rank_workers,
+                "rank_env_steps": tally.rank_steps,
+                "rank_wait_seconds": [round(w, 3) for w in tally.rank_wait_seconds],
+                "rank_lockstep_seconds": [round(w, 3) for w in tally.rank_lockstep_seconds],
+                "rank_train_seconds": [round(t, 3) for t in tally.rank_train_seconds],
+                "rank_wait_share": [round(w, 4) for w in tally.wait_shares()],
+                "rank_lockstep_share": [round(w, 4) for w in tally.lockstep_shares()],
+                "allreduce_seconds_per_update": round(
+                    group.reduce_seconds / max(self.version - self._start_version, 1), 6),
+                "allreduces_per_update": round(
+                    group.reduces / max(self.version - self._start_version, 1), 2),
+                "rank_weights_sha256": self._rank_checksums,
+                "weights_identical": len(set(self._rank_checksums)) == 1,
+                "broken": group.broken,
+            }
         return extras
 
     @property
@@ -170,8 +240,17 @@ class Learner:
 
     @property
     def global_step(self) -> int:
-        """Env steps so far; the batcher counts them as fragments arrive."""
-        return self.batcher.global_step
+        """Env steps so far; the batcher counts them as fragments arrive (a group's
+        ranks: all ranks' steps as of the last turn, the same on every rank)."""
+        return self.tally.global_step if self.tally is not None else self.batcher.global_step
+
+    def _estimated_step(self) -> int:
+        """The run's steps now as far as this rank knows: the group's at the last turn
+        plus this rank's since (never more than the truth, so the budget is never
+        declared spent early)."""
+        if self.tally is None:
+            return self.batcher.global_step
+        return self.tally.global_step + self.batcher.global_step - self._steps_at_turn
 
     def fragments_per_batch(self) -> int:
         """--fragments-per-batch, or (auto) what keeps the policy lag near
@@ -182,6 +261,11 @@ class Learner:
         if self.inference is not None and self.settings.fragments_per_batch == "auto":
             return max(1, sum(s.state is not StreamState.CLOSED for s in self.streams))
         connected = sum(s.state is StreamState.STREAMING for s in self.streams)
+        if self.group is not None and self.settings.fragments_per_batch != "auto":
+            # The group's batch is what --fragments-per-batch asks, each rank's part
+            # in proportion to its workers.
+            return rank_share(int(self.settings.fragments_per_batch), self.group.rank,
+                              self._rank_workers)
         return self.settings.batch_fragments(connected)
 
     def _resume(self) -> tuple[str, int, dict] | None:
@@ -211,8 +295,25 @@ class Learner:
                  path, int(state["global_step"]), self.version)
         return str(path), int(state["global_step"]), dict(state.get("totals") or {})
 
-    def checkpoint(self) -> Path:
-        """Write a checkpoint of the policy, optimizer and counters now."""
+    def _share_start(self, resumed: tuple[str, int, dict] | None
+                     ) -> tuple[str, int, dict] | None:
+        """A group's start: rank 0's weights, optimizer state, version and books (fresh
+        or resumed) on every rank; return what rank 0 resumed from."""
+        assert self.group is not None
+        mine = ({"path": resumed[0] if resumed else None, "step": resumed[1] if resumed else 0,
+                 "totals": resumed[2] if resumed else {}, "version": self.version}
+                if self.leader else {})
+        start = self.group.agree(mine)[0]
+        self.group.broadcast_([*self.policy.state_dict().values(),
+                               *optimizer_tensors(self.optimizer)])
+        self.version = int(start["version"])
+        return (start["path"], int(start["step"]), start["totals"]) if start["path"] else None
+
+    def checkpoint(self) -> Path | None:
+        """Write a checkpoint of the policy, optimizer and counters now (a group: rank 0
+        writes it, with every rank's weights checksum, and the others nothing)."""
+        if not self.leader:
+            return None
         state = {
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -221,6 +322,8 @@ class Learner:
             "env": self.settings.env,
             "totals": self.books.totals(),
         }
+        if self.group is not None:
+            state["rank_weights_sha256"] = list(self._rank_checksums)
         path = save_checkpoint(self.checkpoint_dir, self.global_step, state,
                                self.settings.keep_checkpoints)
         self._last_checkpoint = time.monotonic()
@@ -261,15 +364,20 @@ class Learner:
         code, outcome = EXIT_OK, "finished"
         self._last_checkpoint = time.monotonic()
         try:
-            while self.global_step < s.total_steps and self._stop_reason is None:
-                ready = self._next_batch()
+            while True:
+                if self.group is not None:
+                    ready = self._group_turn()
+                elif self.global_step < s.total_steps and self._stop_reason is None:
+                    ready = self._next_batch()
+                else:
+                    break
                 if ready is None:
                     break
                 try:
                     self._train(ready, metrics)
                 finally:
                     self.batcher.release(ready)
-                if time.monotonic() - self._last_checkpoint > s.checkpoint_every:
+                if self._checkpoint_due():
                     self._save_outputs(periodic=True)
             if self._stop_failed:
                 outcome, code = f"failed: {self._stop_reason}", EXIT_FAILED
@@ -289,6 +397,7 @@ class Learner:
             self.publisher.close()
             if self.inference is not None:
                 self.inference.close()
+            self._last_turn()
             # The model and checkpoint first: no worker, hung or slow, can delay them.
             failed = self._save_outputs(periodic=False)
             not_stopped = self._stop_workers(outcome)
@@ -304,7 +413,108 @@ class Learner:
             self.evals.forward(metrics)
             self.books.close()
             self.reserve.close()
+            if self.group is not None:
+                self.group.close()
         return EXIT_FAILED if failed else code
+
+    # -- a learner group's turns ---------------------------------------------------
+    def _turn(self, has_batch: bool, error: HetrlError | None = None) -> dict:
+        """What this rank tells the others at a turn: has it a batch, does it stop (and
+        why), its books so far (cumulative; returns: the new ones)."""
+        step, episodes, returns = self.batcher.counts(self._episodes_told)
+        self._episodes_told, self._steps_at_turn = episodes, step
+        stop = str(error) if error is not None else self._stop_reason
+        return {
+            "batch": has_batch, "stop": stop,
+            "failed": error is not None or (stop is not None and self._stop_failed),
+            "steps": step, "episodes": episodes, "returns": returns,
+            "dropped": self.batcher.dropped_lag,
+            "lags": {str(k): v for k, v in self.batcher.lag_histogram.items()},
+            "wait": self.books.wait_seconds - self._waited_before,
+            "train": self.books.train_seconds - self._trained_before,
+            "lockstep": self._lockstep_seconds,
+            # Rank 0's clock decides when the group checkpoints.
+            "checkpoint": self.leader and (time.monotonic() - self._last_checkpoint
+                                           > self.settings.checkpoint_every),
+            "sha": None,
+        }
+
+    def _group_turn(self) -> ReadyBatch | None:
+        """Take this rank's next batch (unless it stops or the budget is spent), then
+        agree with the other ranks: the batch to train on if every rank has one and
+        none stops, else None (this rank then stops for the first stopping rank's
+        reason).
+
+        Raises:
+            GroupError: a rank died or stopped answering.
+            HetrlError: what this rank's batcher ran into (told to the others first).
+        """
+        assert self.group is not None and self.tally is not None
+        ready, error = None, None
+        if self._stop_reason is None and self.global_step < self.settings.total_steps:
+            try:
+                ready = self._next_batch()
+            except HetrlError as exc:
+                error = exc
+        self._between_turns = False
+        start = time.perf_counter()
+        try:
+            turns = self.group.agree(self._turn(ready is not None, error))
+        except GroupError:
+            if ready is not None:
+                self.batcher.release(ready)
+            raise
+        self._lockstep_seconds += time.perf_counter() - start
+        self.tally.fold(turns)
+        self._checkpoint_agreed = bool(turns[0]["checkpoint"])
+        stopping = [(rank, t) for rank, t in enumerate(turns) if t["stop"] is not None]
+        if ready is not None and all(t["batch"] for t in turns) and not stopping:
+            return ready
+        self._between_turns = True  # the loop ends here on every rank
+        if ready is not None:
+            self.batcher.release(ready)
+        if error is not None:
+            raise error
+        for rank, turn in stopping:
+            if rank != self.group.rank:
+                self.request_stop(f"learner rank {rank}: {turn['stop']}", failed=turn["failed"])
+        return None
+
+    def _checksum_turn(self, turn: dict) -> list[dict]:
+        """Agree on `turn` with every rank's weights checksum in it; keep the checksums
+        (for the checkpoint and the summary); return the turns."""
+        assert self.group is not None and self.tally is not None
+        turn["sha"] = weights_sha256(self.policy.state_dict())
+        turns = self.group.agree(turn)
+        self._rank_checksums = [t["sha"] for t in turns]
+        if len(set(self._rank_checksums)) > 1:
+            log.error("the learner ranks' weights differ (checksums %s): a bug in the "
+                      "group's lockstep; the checkpoint is rank 0's", self._rank_checksums)
+        return turns
+
+    def _checkpoint_due(self) -> bool:
+        """Time for a periodic checkpoint (a group: rank 0's clock, said at the turn;
+        every rank then tells its weights checksum)."""
+        if self.group is None:
+            return time.monotonic() - self._last_checkpoint > self.settings.checkpoint_every
+        if not self._checkpoint_agreed:
+            return False
+        self._checkpoint_agreed = False
+        self._checksum_turn({})
+        return True
+
+    def _last_turn(self) -> None:
+        """A group's last turn, when every rank ended its loop together: each rank's
+        final books and weights checksum, for the summary and the final checkpoint.
+        Skipped when the group broke or this rank left it in the middle of a turn or
+        an update (the others find it gone)."""
+        if self.group is None or self.group.broken is not None or not self._between_turns:
+            return
+        assert self.tally is not None
+        try:
+            self.tally.fold(self._checksum_turn(self._turn(False)))
+        except GroupError as exc:
+            log.error("%s", exc)
 
     def _save_outputs(self, periodic: bool) -> bool:
         """Write the model, then a checkpoint; True if either failed. A failure (a full
@@ -312,6 +522,9 @@ class Learner:
         goes on after a periodic failure (the model on disk is then the last one that
         fitted); a failure at the end makes the run's exit code 1."""
         failed = False
+        if not self.leader:  # a group's outputs are rank 0's
+            self._last_checkpoint = time.monotonic()
+            return failed
         for what, write in (("model", self._save_model), ("checkpoint", self.checkpoint),
                             ("best policy", self._save_best)):
             try:
@@ -359,7 +572,15 @@ class Learner:
             self.optimizer.param_groups[0]["lr"] = frac * s.learning_rate
         finite = False
         try:
-            device_stats = ppo_update_async(self.policy, self.optimizer, ready.batch, s)
+            try:
+                device_stats = ppo_update_async(self.policy, self.optimizer, ready.batch, s,
+                                                self.group)
+            except GroupError:
+                # A rank died inside the update: keep the last whole version's weights
+                # for the outputs (Adam's moments keep the steps already taken).
+                self.policy.load_state_dict(self._good_state)
+                raise
+            self._between_turns = True
             floats = [p for p in self.policy.state_dict().values() if p.is_floating_point()]
             # One device reduction for the finite check, read with the statistics.
             device_stats["finite"] = torch.stack([torch.isfinite(p).all() for p in floats]).all()
@@ -370,7 +591,7 @@ class Learner:
                 self._good_state = self._snapshot()
                 self.publisher.offer(self.version, self._good_state)
                 # One moment's step and returns for both the best policy and the row.
-                progress = self.batcher.progress()
+                progress = (self.tally or self.batcher).progress()
                 self.best.offer(self._good_state, progress[1], progress[0], self.version)
         finally:
             # Credits held back for this update go out after its weights.

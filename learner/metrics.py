@@ -38,6 +38,7 @@ from hetrl.rollout.errors import ConfigError
 if TYPE_CHECKING:
     from hetrl.learner.batcher import Batcher, ReadyBatch
     from hetrl.learner.connections import StreamFailure
+    from hetrl.learner.group import GroupBooks
     from hetrl.learner.settings import LearnerSettings
     from hetrl.learner.utilisation import UtilisationSampler
 
@@ -208,13 +209,14 @@ class RunBooks:
     sinks), then updates, then `write_summary` and `close`."""
 
     def __init__(self, settings: LearnerSettings, out: Path, streams: Sequence,
-                 batcher: Batcher, stall: StallWatch, sampler: UtilisationSampler) -> None:
+                 batcher: Batcher | GroupBooks, stall: StallWatch,
+                 sampler: UtilisationSampler) -> None:
         self.settings, self.out = settings, out
         self.streams, self.batcher, self.stall, self.sampler = streams, batcher, stall, sampler
         self.metrics: MetricsWriter | None = None
         # Extra metrics from whoever runs the learner (e.g. env hosts' CPU in a cluster).
         self.extra_metrics: Callable[[], dict[str, float]] | None = None
-        self.summary_extras: Callable[[], dict[str, float]] | None = None
+        self.summary_extras: Callable[[], dict[str, object]] | None = None
         """More summary fields from the learner (central inference's passes and rows)."""
         self.rows = Rows(settings.metrics_every)
         self.version = 0

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hetrl.learner.group import LearnerGroup
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.settings import TrainSettings
 from hetrl.rollout.policy import MLPActorCritic, Policy
@@ -104,8 +105,9 @@ class MLPMinibatchSteps:
     """The epochs x minibatches of one PPO update for a policy this applies to."""
 
     def __init__(self, policy: Policy, optimizer: PolicyAdam, cfg: TrainSettings,
-                 actor: list[nn.Linear], critic: list[nn.Linear], relu: bool) -> None:
-        self.optimizer, self.cfg, self.relu = optimizer, cfg, relu
+                 actor: list[nn.Linear], critic: list[nn.Linear], relu: bool,
+                 group: LearnerGroup | None = None) -> None:
+        self.optimizer, self.cfg, self.relu, self.group = optimizer, cfg, relu, group
         self.actor = [_views(layer) for layer in actor]
         self.critic = [_views(layer) for layer in critic]
         if policy.discrete:
@@ -115,13 +117,15 @@ class MLPMinibatchSteps:
             self.log_std = policy.log_std.detach().numpy()
             self.log_std_grad = policy.log_std.grad.numpy()
         assert optimizer.flat is not None and optimizer.flat.buffer.grad is not None
-        self.grad = optimizer.flat.buffer.grad.numpy()
+        self.grad_tensor = optimizer.flat.buffer.grad
+        self.grad = self.grad_tensor.numpy()
 
     @classmethod
     def for_policy(cls, policy: nn.Module, optimizer: torch.optim.Optimizer,
-                   cfg: TrainSettings) -> MLPMinibatchSteps | None:
+                   cfg: TrainSettings, group: LearnerGroup | None = None
+                   ) -> MLPMinibatchSteps | None:
         """The steps for this policy and optimizer, or None where only autograd can
-        train them (see the module's docstring)."""
+        train them (see the module's docstring); `group`: see ppo_update_async."""
         if cfg.gradients != "auto" or not isinstance(policy, Policy):
             return None
         if not isinstance(optimizer, PolicyAdam) or optimizer.flat is None:
@@ -143,7 +147,7 @@ class MLPMinibatchSteps:
             covered.append(policy.log_std)
         if {id(p) for p in optimizer.flat.params} != {id(p) for p in covered}:
             return None
-        return cls(policy, optimizer, cfg, actor[0], critic[0], actor[1] is nn.ReLU)
+        return cls(policy, optimizer, cfg, actor[0], critic[0], actor[1] is nn.ReLU, group)
 
     def train(self, obs: torch.Tensor, actions: torch.Tensor, logprobs: torch.Tensor,
               advantages: torch.Tensor, returns: torch.Tensor, mb_size: int
@@ -159,14 +163,20 @@ class MLPMinibatchSteps:
         last: dict[str, float] = {}
         norm, actor_square = 0.0, 0.0
         with _blas_threads(torch.get_num_threads()):
+            exact = None if self.group is None else cfg.minibatches
             for _ in range(cfg.epochs):
                 order = torch.randperm(size).numpy()
-                for start in range(0, size, mb_size):
-                    mb = order[start : start + mb_size]
-                    last = self._gradients(b_obs[mb], b_actions[mb], b_logprobs[mb],
-                                           b_adv[mb], b_returns[mb])
-                    clipfrac_sum += last.pop("clipfrac")
-                    minibatches += 1
+                for start, end in minibatch_bounds(size, mb_size, exact):
+                    if start == end:  # a group's rank with no steps here: a zero gradient
+                        self.grad.fill(0.0)
+                    else:
+                        mb = order[start:end]
+                        last = self._gradients(b_obs[mb], b_actions[mb], b_logprobs[mb],
+                                               b_adv[mb], b_returns[mb])
+                        clipfrac_sum += last.pop("clipfrac")
+                        minibatches += 1
+                    if self.group is not None:
+                        self.group.average_(self.grad_tensor)
                     norm, actor_square = self._clip_gradient_norm()
                     self.optimizer.step()
         stats: dict[str, torch.Tensor | float] = {f"losses/{k}": v for k, v in last.items()}
@@ -247,6 +257,17 @@ class MLPMinibatchSteps:
             "approx_kl": float(((ratio - 1) - logratio).mean()),
             "clipfrac": float((np.abs(ratio - 1) > cfg.clip_coef).mean()),
         }
+
+
+def minibatch_bounds(size: int, mb_size: int, exact: int | None = None
+                     ) -> list[tuple[int, int]]:
+    """(start, end) of each minibatch of one pass over `size` samples: `mb_size` each
+    and a shorter last one; `exact`: exactly that many, sizes differing by at most one
+    (some empty when there are fewer samples), as a learner group's ranks need, since
+    they step together."""
+    if exact is None:
+        return [(start, min(start + mb_size, size)) for start in range(0, size, mb_size)]
+    return [(size * i // exact, size * (i + 1) // exact) for i in range(exact)]
 
 
 def gradient_stats(norm: torch.Tensor | float, actor_square: torch.Tensor | float | None

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetrl.learner.mlp_ppo import MLPMinibatchSteps, gradient_stats
+from hetrl.learner.group import LearnerGroup
+from hetrl.learner.mlp_ppo import MLPMinibatchSteps, gradient_stats, minibatch_bounds
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.settings import TrainSettings
 from hetrl.learner.vtrace import vtrace
@@ -72,11 +73,16 @@ def ppo_update(
 
 
 def ppo_update_async(
-    policy: Policy, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainSettings
+    policy: Policy, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainSettings,
+    group: LearnerGroup | None = None,
 ) -> dict[str, torch.Tensor | float]:
     """ppo_update without reading anything back: the loss metrics stay on the device
     (read them with `read_stats`), so that a GPU update runs without a host sync when
-    the batch carries `valid_index` / `valid_count`."""
+    the batch carries `valid_index` / `valid_count`.
+
+    `group`: this batch is one rank's part of a learner group's (learner/group.py):
+    the normaliser folds the group's moments, every epoch takes exactly cfg.minibatches
+    steps (an empty one too) and each step's gradient is the ranks' mean."""
     t_len, n = batch.rewards.shape
     # Index with the positions of valid steps (a boolean mask copies far slower, and
     # asks the device for its size); when every step is valid, take views.
@@ -91,7 +97,8 @@ def ppo_update_async(
     # [T + 1, B, ...] -> [(T + 1) * B, ...], leaf by leaf for a nested space.
     flat_obs = tree_map(lambda o: o.reshape(-1, *o.shape[2:]), batch.observations)
     if policy.obs_rms is not None or len(policy.leaf_rms):
-        policy.update_normalizer(tree_map(lambda o: o[: t_len * n][keep], flat_obs))
+        policy.update_normalizer(tree_map(lambda o: o[: t_len * n][keep], flat_obs),
+                                 None if group is None else group.combine_moments)
 
     # V-trace targets under the current policy, computed once per batch.
     with torch.no_grad():
@@ -131,7 +138,7 @@ def ppo_update_async(
         optimizer.check()  # its flat buffer still holds the policy's parameters
     if policy.state_size:
         stats = _sequence_minibatches(policy, optimizer, cfg, batch, net_obs, advantages, vs,
-                                      once)
+                                      once, group)
         stats["losses/explained_variance"] = _explained_variance(
             values[:-1].reshape(-1)[keep], vs.reshape(-1)[keep])
         stats["charts/samples_trained"] = float(size)
@@ -146,12 +153,12 @@ def ppo_update_async(
     b_values = values[:-1].reshape(-1)[keep]
     mb_size = max(1, size // cfg.minibatches)
 
-    steps = MLPMinibatchSteps.for_policy(policy, optimizer, cfg)
+    steps = MLPMinibatchSteps.for_policy(policy, optimizer, cfg, group)
     if steps is not None:  # the built-in MLP on CPU: the same maths without autograd
         stats = steps.train(b_obs, b_actions, b_logprobs, b_advantages, b_returns, mb_size)
     else:
         stats = _autograd_minibatches(policy, optimizer, cfg, b_obs, b_actions, b_logprobs,
-                                      b_advantages, b_returns, mb_size, once)
+                                      b_advantages, b_returns, mb_size, once, group)
     stats["losses/explained_variance"] = _explained_variance(b_values, b_returns)
     stats["charts/samples_trained"] = float(size)
     return stats
@@ -164,8 +171,8 @@ class _Minibatches:
     last minibatch's losses, as CleanRL reports them, and the mean clip fraction)."""
 
     def __init__(self, policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings,
-                 device: torch.device) -> None:
-        self.optimizer, self.cfg = optimizer, cfg
+                 device: torch.device, group: LearnerGroup | None = None) -> None:
+        self.optimizer, self.cfg, self.group = optimizer, cfg, group
         # What the optimizer steps (PolicyAdam: one flat tensor), not walked per minibatch.
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.actor = policy.actor_parameters()
@@ -206,13 +213,28 @@ class _Minibatches:
 
         self.optimizer.zero_grad()
         loss.backward()
+        self._finish(pg_loss, v_loss, ratio, logratio, dist, mask)
+
+    def empty_step(self) -> None:
+        """A learner group's minibatch with no steps on this rank: a zero gradient, so
+        that the rank steps with the others (their mean gradient is still a step)."""
+        self.optimizer.zero_grad()
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self._finish()
+
+    def _finish(self, *last) -> None:
+        """Average the gradient over the group's ranks, clip and step."""
+        if self.group is not None:
+            self.group.average_gradients(self.params)
         if self.actor is not None:
             self.actor_square = torch.stack([p.grad.square().sum() for p in self.actor
                                              if p.grad is not None]).sum()
-        self.grad_norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        self.grad_norm = nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()
-        # `dist` and `logratio` hold what the policy computed before this step.
-        self.last = (pg_loss, v_loss, ratio, logratio, dist, mask)
+        if last:  # `dist` and `logratio` hold what the policy computed before this step
+            self.last = last
 
     def stats(self) -> dict[str, torch.Tensor | float]:
         stats: dict[str, torch.Tensor | float] = {}
@@ -238,14 +260,19 @@ def _autograd_minibatches(
     policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings,
     b_obs: Obs, b_actions: torch.Tensor, b_logprobs: torch.Tensor,
     b_advantages: torch.Tensor, b_returns: torch.Tensor, mb_size: int, preprocessed: bool,
+    group: LearnerGroup | None = None,
 ) -> dict[str, torch.Tensor | float]:
     """cfg.epochs passes of minibatch steps through autograd over the flat valid steps."""
     size = b_actions.shape[0]
-    steps = _Minibatches(policy, optimizer, cfg, b_actions.device)
+    steps = _Minibatches(policy, optimizer, cfg, b_actions.device, group)
+    exact = None if group is None else cfg.minibatches
     for _ in range(cfg.epochs):
         b_inds = torch.randperm(size, device=b_actions.device)
-        for start in range(0, size, mb_size):
-            mb_inds = b_inds[start : start + mb_size]
+        for start, end in minibatch_bounds(size, mb_size, exact):
+            if start == end:
+                steps.empty_step()
+                continue
+            mb_inds = b_inds[start:end]
             dist, new_value = policy(tree_map(lambda o: o[mb_inds], b_obs),  # noqa: B023
                                      preprocessed=preprocessed)
             steps.step(dist, new_value, b_actions[mb_inds], b_logprobs[mb_inds],
@@ -256,6 +283,7 @@ def _autograd_minibatches(
 def _sequence_minibatches(
     policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings, batch: Batch,
     net_obs: Obs, advantages: torch.Tensor, returns: torch.Tensor, preprocessed: bool,
+    group: LearnerGroup | None = None,
 ) -> dict[str, torch.Tensor | float]:
     """A recurrent policy's cfg.epochs passes: minibatches of whole env columns, each
     replayed as a T-step sequence from its fragment's state (truncated BPTT, the state
@@ -269,17 +297,23 @@ def _sequence_minibatches(
     actions = batch.actions
     starts, state = batch.starts[:t_len], batch.initial_state[0]
     envs_per_minibatch = max(1, n // cfg.minibatches)
-    steps = _Minibatches(policy, optimizer, cfg, device)
+    steps = _Minibatches(policy, optimizer, cfg, device, group)
+    exact = None if group is None else cfg.minibatches
     for _ in range(cfg.epochs):
         columns = torch.randperm(n, device=device)
-        for start in range(0, n, envs_per_minibatch):
-            cols = columns[start : start + envs_per_minibatch]
+        for start, end in minibatch_bounds(n, envs_per_minibatch, exact):
+            cols = columns[start:end]
+            if start == end:
+                steps.empty_step()
+                continue
             mb_obs = tree_map(lambda o: o[:, cols].reshape(-1, *o.shape[2:]),  # noqa: B023
                               steps_obs)
             dist, new_value, _ = policy.sequence(mb_obs, starts[:, cols], state[cols],
                                                  preprocessed=preprocessed)
             valid = batch.valid[:, cols].reshape(-1)
             if not bool(valid.any()):
+                if group is not None:
+                    steps.empty_step()
                 continue
             steps.step(dist, new_value, actions[:, cols].reshape(-1, *actions.shape[2:]),
                        batch.logprobs[:, cols].reshape(-1)[valid],

@@ -222,9 +222,22 @@ class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSett
     write_settings: bool = True
     """Write these settings to <out>/settings.json; a launcher that writes its whole
     command's settings there instead (workers, envs per worker, ...) turns this off."""
+    learners: int = 1
+    """Learner processes (ranks) that train this one policy together, data parallel
+    (learner/group.py); each takes its share of --worker-addresses."""
+    rank: int = 0
+    """This learner's rank in the group, 0 to --learners - 1 (rank 0 writes the outputs)."""
+    rendezvous: str = ""
+    """Where a group's ranks meet: host:port where rank 0 listens, or file:///path (a
+    file all ranks can reach on one machine: no port at all)."""
 
     def __post_init__(self) -> None:
         self.worker_addresses = tuple(self.worker_addresses)
+        require(self.learners >= 1, f"--learners must be >= 1, got {self.learners}")
+        require(0 <= self.rank < self.learners,
+                f"--rank must be in 0..{self.learners - 1}, got {self.rank}")
+        require(self.learners == 1 or bool(self.rendezvous),
+                "--learners > 1 needs --rendezvous (where the ranks meet)")
         require(len(self.worker_addresses) > 0 or bool(self.addresses_file),
                 "give at least one --worker-addresses host:port")
         require(self.connect_timeout > 0, "--connect-timeout must be > 0")

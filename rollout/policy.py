@@ -16,6 +16,7 @@ buffers of the module, so they travel with the weights. No gRPC, no envs here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -44,6 +45,10 @@ from hetrl.rollout.observations import (
 )
 from hetrl.rollout.settings import PolicySettings
 
+MomentsCombiner = Callable[[int, torch.Tensor, torch.Tensor],
+                          tuple[int, torch.Tensor, torch.Tensor]]
+"""(count, mean, variance) of one part of a batch -> the same of the whole batch."""
+
 
 class RunningMeanStd(nn.Module):
     """Running mean and variance of observations (parallel Welford); updated by the learner."""
@@ -60,12 +65,21 @@ class RunningMeanStd(nn.Module):
         self.clip = clip
 
     @torch.no_grad()
-    def update(self, batch: torch.Tensor) -> None:
+    def update(self, batch: torch.Tensor, combine: MomentsCombiner | None = None) -> None:
+        """Fold `batch` in; `combine`: turns this batch's (count, mean, variance) into
+        those of a larger batch it is part of (a learner group's, across its ranks)."""
         batch = batch.reshape(-1, *self.mean.shape).to(torch.float64)
         n = batch.shape[0]
-        if n == 0:
+        if n == 0 and combine is None:
             return
-        b_mean, b_var = batch.mean(0), batch.var(0, unbiased=False)
+        if n:
+            b_mean, b_var = batch.mean(0), batch.var(0, unbiased=False)
+        else:
+            b_mean, b_var = torch.zeros_like(self.mean), torch.zeros_like(self.var)
+        if combine is not None:
+            n, b_mean, b_var = combine(n, b_mean, b_var)
+            if n == 0:
+                return
         delta, total = b_mean - self.mean, self.count + n
         self.mean += delta * n / total
         m2 = self.var * self.count + b_var * n + delta.square() * self.count * n / total
@@ -395,16 +409,17 @@ class Policy(nn.Module):
                                                  if self.obs_layout.nested)
 
     @torch.no_grad()
-    def update_normalizer(self, obs: Obs) -> None:
-        """Fold a batch of observations ([B, ...] per leaf) into the running statistics."""
+    def update_normalizer(self, obs: Obs, combine: MomentsCombiner | None = None) -> None:
+        """Fold a batch of observations ([B, ...] per leaf) into the running statistics
+        (`combine`: see RunningMeanStd.update)."""
         if self.obs_rms is not None:
-            self.obs_rms.update(obs)
+            self.obs_rms.update(obs, combine)
         for leaf in self.obs_layout.leaves if self.obs_layout.nested else ():
             key = _module_key(leaf.name)
             if key in self.leaf_rms:
                 rms = self.leaf_rms[key]
                 assert isinstance(rms, RunningMeanStd)
-                rms.update(obs[leaf.name])
+                rms.update(obs[leaf.name], combine)
 
     def heads(self, obs: Obs, preprocessed: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,87 @@
+"""A learner group's faults on a real `hetrl local --learners 2` run: a rank SIGKILLed
+ends the group cleanly (rank 0 saves its model and a checkpoint, every worker stops,
+exit 1 with the cause) and `--resume` continues the whole group from that checkpoint;
+a SIGTERM stops every rank with a checkpoint and exit 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from tests.helpers import processes_mentioning, wait_for
+from tests.reliability.test_process_faults import start, step
+
+
+def rank_pid(out: Path, rank: int) -> int:
+    pids = processes_mentioning(str(out / "launch" / f"learner-rank{rank}.json"))
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def test_a_killed_rank_ends_the_group_and_resume_continues_it(measured, tmp_path: Path
+                                                              ) -> None:
+    out = tmp_path / "run"
+    proc, log = start(out, "--env", "CartPole-v1", "--learners", "2", "--workers", "2",
+                      "--envs-per-worker", "4", "--total-steps", "100000000",
+                      "--checkpoint-every", "2", "--no-report")
+    try:
+        wait_for(lambda: step(out) > 0 and any((out / "checkpoints").glob("ckpt-*.pt")),
+                 180, "training and a first checkpoint")
+        os.kill(rank_pid(out, 1), signal.SIGKILL)
+        killed = time.monotonic()
+        code = proc.wait(120)
+        ended = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert code == 1, text[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outcome"].startswith("failed: the learner group broke"), summary["outcome"]
+    assert "another rank died or stopped answering" in summary["outcome"]
+    assert "the learner-rank1 was killed by SIGKILL" in text
+    assert summary["workers_not_stopped"] == []
+    assert processes_mentioning(str(out)) == []  # no rank or worker left behind
+    stopped_at = summary["global_step"]
+    newest = max((out / "checkpoints").glob("ckpt-*.pt"))
+    assert torch.load(newest, weights_only=True)["global_step"] == stopped_at
+
+    more = stopped_at + 20_000
+    proc, log = start(out, "--resume", "--total-steps", str(more))
+    assert proc.wait(300) == 0, log.read_text()[-3000:]
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["outcome"] == "finished" and resumed["runs"] == 2
+    assert more <= resumed["global_step"] <= more + 4 * 4 * 64
+    assert resumed["learner_group"]["weights_identical"], resumed["learner_group"]
+    measured(f"a SIGKILLed learner rank ended the group in {ended:.1f} s (exit 1, rank 0's "
+             f"checkpoint at step {stopped_at:,}); --resume continued both ranks to "
+             f"{resumed['global_step']:,} with identical weights")
+
+
+def test_sigterm_stops_every_rank_with_a_checkpoint(measured, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc, log = start(out, "--env", "CartPole-v1", "--learners", "2", "--workers", "2",
+                      "--envs-per-worker", "4", "--total-steps", "100000000", "--no-report")
+    try:
+        wait_for(lambda: step(out) > 0, 180, "training to start")
+        os.killpg(proc.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        code = proc.wait(120)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 0, log.read_text()[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outcome"] == "stopped: signal SIGTERM"
+    assert summary["learner_group"]["weights_identical"]
+    rank1 = json.loads((out / "ranks" / "rank1" / "summary.json").read_text())
+    assert rank1["outcome"] == "stopped: signal SIGTERM"
+    assert any((out / "checkpoints").glob("ckpt-*.pt"))
+    assert processes_mentioning(str(out)) == []
+    measured(f"SIGTERM stopped both learner ranks in {took:.1f} s with a checkpoint (exit 0)")
