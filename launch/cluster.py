@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -43,6 +44,9 @@ class ClusterView:
     num_cpus: int
     num_gpus: int
     hyperparameters: dict[str, Any]
+    network_interface: str = ""
+    """The interface the job's hosts reach each other on (resourceconfig.json's
+    network_interface_name; eth0 on SageMaker), where a learner group's ranks talk."""
 
     def hosts_of(self, group_names: tuple[str, ...]) -> list[str]:
         """Hosts of the named groups (unsorted, as configured; duplicates removed)."""
@@ -92,6 +96,7 @@ def read_cluster() -> ClusterView:
         num_cpus=int(env.num_cpus),
         num_gpus=int(env.num_gpus),
         hyperparameters=dict(env.hyperparameters),
+        network_interface=str(getattr(env, "network_interface_name", "") or ""),
     )
 
 
@@ -134,12 +139,14 @@ def read_cluster_files(base_dir: Path | None = None) -> ClusterView:
         num_cpus=os.cpu_count() or 1,
         num_gpus=_count_gpus(),
         hyperparameters=hyperparameters,
+        # The toolkit's default where the file names none.
+        network_interface=str(resource.get("network_interface_name") or "eth0"),
     )
 
 
 def _view(*, current_host: str, current_group: str, group_configs: list[dict[str, Any]],
           hosts: list[str], is_hetero: bool, base_dir: Path, num_cpus: int, num_gpus: int,
-          hyperparameters: dict[str, Any]) -> ClusterView:
+          hyperparameters: dict[str, Any], network_interface: str = "") -> ClusterView:
     groups = {g["instance_group_name"]: list(g.get("hosts", [])) for g in group_configs}
     types = {g["instance_group_name"]: g.get("instance_type", "") for g in group_configs}
     if not groups:  # a homogeneous job has no instance groups: treat it as one group
@@ -157,7 +164,15 @@ def _view(*, current_host: str, current_group: str, group_configs: list[dict[str
         num_cpus=num_cpus,
         num_gpus=num_gpus,
         hyperparameters=hyperparameters,
+        network_interface=network_interface,
     )
+
+
+def host_order(host: str) -> tuple:
+    """Natural order of host names: algo-2 before algo-10 (every host of a job sorts
+    them the same way, whatever order its resourceconfig.json lists them in)."""
+    return tuple(int(part) if part.isdigit() else part
+                 for part in re.split(r"(\d+)", host))
 
 
 def _count_gpus() -> int:

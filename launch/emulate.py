@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
-from hetrl.launch.cluster import HOST_MAP_ENV
+from hetrl.launch.cluster import HOST_MAP_ENV, host_order
 from hetrl.launch.hyperparameters import to_hyperparameters
 from hetrl.launch.processes import PYTHON, Child, child_environment, spawn_command, stop_all
 from hetrl.launch.settings import ClusterSettings, InstanceTypes
@@ -66,6 +66,8 @@ class EmulateResult:
     learner_host: str
     exit_codes: dict[str, int | None]
     failures: dict[str, str]
+    learner_hosts: tuple[str, ...] = ()
+    """Every learner host (rank 0's, `learner_host`, first)."""
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -73,12 +75,13 @@ class EmulateResult:
         return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _layout(settings: EmulateSettings) -> tuple[str, list[str]]:
-    """Learner host and env hosts, named like SageMaker and deliberately unsorted."""
-    hosts = [f"algo-{i}" for i in range(1, settings.env_hosts + 2)]
-    learner = hosts[1]  # algo numbers say nothing about groups
-    env_hosts = [h for h in hosts if h != learner][::-1]
-    return learner, env_hosts
+def _layout(settings: EmulateSettings) -> tuple[list[str], list[str]]:
+    """Learner hosts and env hosts, named like SageMaker and deliberately unsorted (the
+    learner group's too: its ranks follow the natural order, not the listed one)."""
+    hosts = [f"algo-{i}" for i in range(1, settings.env_hosts + settings.learner_count + 1)]
+    learners = hosts[1 : 1 + settings.learner_count][::-1]  # numbers say nothing of groups
+    env_hosts = [h for h in hosts if h not in learners][::-1]
+    return learners, env_hosts
 
 
 def _free_port_block(addresses: list[str], size: int) -> int:
@@ -100,18 +103,21 @@ def _free_port_block(addresses: list[str], size: int) -> int:
     raise ConfigError("no free block of ports on the emulated loopback addresses")
 
 
-def build_trees(settings: EmulateSettings, root: Path) -> tuple[str, list[str], dict[str, str]]:
-    """Write every host's SageMaker tree under root/hosts; return (learner, env hosts,
-    host map)."""
-    learner, env_hosts = _layout(settings)
-    all_hosts = sorted([learner, *env_hosts], key=lambda h: int(h.split("-")[1]))
+def build_trees(settings: EmulateSettings, root: Path
+                ) -> tuple[list[str], list[str], dict[str, str]]:
+    """Write every host's SageMaker tree under root/hosts; return (learner hosts, rank
+    0's first, env hosts, host map)."""
+    learners, env_hosts = _layout(settings)
+    all_hosts = sorted([*learners, *env_hosts], key=host_order)
+    learners = sorted(learners, key=host_order)
     host_map = {h: f"127.0.0.{h.split('-')[1]}" for h in all_hosts}
-    base_port = _free_port_block(list(host_map.values()), settings.workers_per_env_host + 1)
-    checkpoint_dir = settings.checkpoint_dir or str(root / "hosts" / learner / "checkpoints")
+    base_port = _free_port_block(list(host_map.values()), settings.workers_per_env_host + 2)
+    checkpoint_dir = settings.checkpoint_dir or str(root / "hosts" / learners[0] / "checkpoints")
     hyperparameters = to_hyperparameters(settings, leave_out=_NOT_HYPERPARAMETERS)
     hyperparameters.update({key: json.dumps(value) for key, value in {
         "control_port": base_port,
         "worker_base_port": base_port + 1,
+        "group_port": base_port + settings.workers_per_env_host + 1,
         "checkpoint_dir": checkpoint_dir,
         "env_groups": list(settings.env_groups),
         "learner_group": settings.learner_group,
@@ -120,7 +126,7 @@ def build_trees(settings: EmulateSettings, root: Path) -> tuple[str, list[str], 
     groups = [
         {"instance_group_name": env_group, "instance_type": settings.env_type, "hosts": env_hosts},
         {"instance_group_name": settings.learner_group, "instance_type": settings.learner_type,
-         "hosts": [learner]},
+         "hosts": _layout(settings)[0]},
     ]
     for host in all_hosts:
         base = root / "hosts" / host
@@ -129,7 +135,7 @@ def build_trees(settings: EmulateSettings, root: Path) -> tuple[str, list[str], 
         for sub in ("model", "output", "input/data"):
             (base / sub).mkdir(parents=True, exist_ok=True)
         (base / "output" / "failure").unlink(missing_ok=True)
-        is_learner = host == learner
+        is_learner = host in learners
         resource = {
             "current_host": host,
             "current_group_name": settings.learner_group if is_learner else env_group,
@@ -141,7 +147,7 @@ def build_trees(settings: EmulateSettings, root: Path) -> tuple[str, list[str], 
         (config / "resourceconfig.json").write_text(json.dumps(resource, indent=2))
         (config / "hyperparameters.json").write_text(json.dumps(hyperparameters, indent=2))
         (config / "inputdataconfig.json").write_text("{}")
-    return learner, env_hosts, host_map
+    return learners, env_hosts, host_map
 
 
 @dataclasses.dataclass
@@ -150,6 +156,7 @@ class EmulatedCluster:
 
     root: Path
     learner: str
+    """The learner host of rank 0 (the first in natural order): the run's outputs."""
     env_hosts: list[str]
     hosts: dict[str, Child]
     environment: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -160,16 +167,19 @@ class EmulatedCluster:
     echo: TextIO | None = None
     """Where every host's lines also go, as one stream (each line is prefixed `[host
     role]` by the host itself), as CloudWatch shows a job's hosts."""
+    learners: list[str] = dataclasses.field(default_factory=list)
+    """Every learner host (a learner group's), rank 0's first."""
 
 
 def prepare_hosts(settings: EmulateSettings, learner_log: Path | None = None,
                   echo: TextIO | None = None) -> EmulatedCluster:
     """Write every host's tree and the job's environment; start nothing."""
     root = Path(settings.out).resolve()
-    learner, env_hosts, host_map = build_trees(settings, root)
+    learners, env_hosts, host_map = build_trees(settings, root)
     environment = child_environment(new_token())
     environment[HOST_MAP_ENV] = ",".join(f"{h}={a}" for h, a in host_map.items())
-    return EmulatedCluster(root, learner, env_hosts, {}, environment, learner_log, echo)
+    return EmulatedCluster(root, learners[0], env_hosts, {}, environment, learner_log, echo,
+                           learners=learners)
 
 
 def start_host(cluster: EmulatedCluster, host: str, wrapper: tuple[str, ...] = (),
@@ -196,7 +206,7 @@ def start_hosts(settings: EmulateSettings, learner_log: Path | None = None,
                 echo: TextIO | None = None) -> EmulatedCluster:
     """Write the trees and start every host's entry point (env hosts first)."""
     cluster = prepare_hosts(settings, learner_log, echo)
-    for host in [*cluster.env_hosts, cluster.learner]:
+    for host in [*cluster.env_hosts, *cluster.learners]:
         start_host(cluster, host)
     return cluster
 
@@ -244,14 +254,15 @@ def collect_result(cluster: EmulatedCluster, code: int = EXIT_OK) -> EmulateResu
             failures[name] = failure.read_text()
     if code == EXIT_OK and any(c != 0 for c in codes.values()):
         code = EXIT_FAILED
-    return EmulateResult(code, cluster.root, cluster.learner, codes, failures)
+    return EmulateResult(code, cluster.root, cluster.learner, codes, failures,
+                         tuple(cluster.learners or [cluster.learner]))
 
 
 def report(result: EmulateResult) -> str:
     """A short table of hosts, exit codes and failure reasons."""
     lines = [f"{'host':<10} {'role':<8} {'exit':>4}  failure"]
     for host, code in result.exit_codes.items():
-        role = "learner" if host == result.learner_host else "env"
+        role = "learner" if host in (result.learner_hosts or (result.learner_host,)) else "env"
         reason = result.failures.get(host, "").splitlines()[0:1]
         lines.append(f"{host:<10} {role:<8} {code!s:>4}  {reason[0] if reason else ''}")
     return "\n".join(lines)

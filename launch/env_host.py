@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import signal
 import socket
 import threading
@@ -29,7 +28,7 @@ import psutil
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from hetrl.launch.cluster import ClusterView, resolve, usable_cores
+from hetrl.launch.cluster import ClusterView, host_order, resolve, usable_cores
 from hetrl.launch.processes import child_environment
 from hetrl.launch.settings import ClusterSettings
 from hetrl.launch.supervisor import Supervisor
@@ -234,19 +233,13 @@ def _learner_lost(control: HostControl, settings: ClusterSettings, started: floa
     return None
 
 
-def _host_order(host: str) -> tuple:
-    """Natural order of host names: algo-2 before algo-10."""
-    return tuple(int(part) if part.isdigit() else part
-                 for part in re.split(r"(\d+)", host))
-
-
 def _worker_id(cluster: ClusterView, index: int) -> int:
     """A job-wide unique worker id (and so its seeds): this host's position among all the
     job's hosts in natural name order, times 1000, plus the worker's index. Every host
     agrees on it whatever order its resourceconfig.json lists groups and hosts in (the
     order is not the same on every host: position in the list gave two hosts the same
     ids, seeds and experience)."""
-    hosts = sorted({h for group in cluster.groups.values() for h in group}, key=_host_order)
+    hosts = sorted({h for group in cluster.groups.values() for h in group}, key=host_order)
     position = hosts.index(cluster.current_host) if cluster.current_host in hosts else 0
     return position * 1000 + index
 

@@ -10,11 +10,15 @@ backoff within the stop budget. Failures are written to `<base>/output/failure`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +26,10 @@ from pathlib import Path
 
 import grpc
 
-from hetrl.launch.cluster import ClusterView, resolve, usable_cores
+from hetrl.launch.cluster import ClusterView, host_order, resolve, usable_cores
 from hetrl.launch.env_host import write_failure
 from hetrl.launch.evaluator import finish_evaluations, start_evaluator
-from hetrl.launch.processes import Child, child_environment, stop_all
+from hetrl.launch.processes import Child, child_environment, spawn, stop_all
 from hetrl.launch.settings import ClusterSettings
 from hetrl.launch.supervisor import Supervisor
 from hetrl.learner.learner import Learner
@@ -174,18 +178,61 @@ class EnvHosts:
             return [h for h in pool.map(stop, self.hosts) if h is not None]
 
 
+@dataclasses.dataclass(frozen=True)
+class HostRanks:
+    """This learner host's place in the learner group: its ranks and where they meet.
+
+    Every learner host computes the same answer from the job's config: hosts in natural
+    name order, `per_host` ranks each (one per GPU by default), rank 0 on the first,
+    which is where the group meets (`rendezvous`, host:port)."""
+
+    first: int
+    per_host: int
+    ranks: int
+    rendezvous: str
+
+    @property
+    def leader(self) -> bool:
+        """This host runs rank 0: it writes the run's outputs."""
+        return self.first == 0
+
+
+def host_ranks(settings: ClusterSettings, cluster: ClusterView) -> HostRanks:
+    """This learner host's ranks.
+
+    Raises:
+        ConfigError: the learner group has no hosts, or not this one.
+    """
+    hosts = sorted(cluster.groups.get(settings.learner_group, []), key=host_order)
+    if cluster.current_host not in hosts:
+        raise ConfigError(f"learner group {settings.learner_group!r} lists hosts {hosts}, "
+                          f"not this host {cluster.current_host!r}")
+    per_host = settings.learners_per_host or max(1, cluster.num_gpus)
+    ranks = per_host * len(hosts)
+    rendezvous = (f"{resolve(hosts[0], settings.resolve_timeout)}:{settings.group_port}"
+                  if ranks > 1 else "")
+    return HostRanks(hosts.index(cluster.current_host) * per_host, per_host, ranks, rendezvous)
+
+
 def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str) -> int:
-    """Train with every env host's workers; return the exit code."""
-    learner_hosts = cluster.groups.get(settings.learner_group, [])
-    if len(learner_hosts) != 1:
-        raise ConfigError(
-            f"learner group {settings.learner_group!r} has {len(learner_hosts)} hosts; hetrl "
-            "trains on one learner host (set its instance count to 1)"
-        )
+    """Train with every env host's workers; return the exit code. In a learner group,
+    this host's first rank runs here and its others as child processes; every learner
+    host stops every env host at its end (a Stop is idempotent)."""
+    place = host_ranks(settings, cluster)
+    if place.ranks > 1:
+        # The ranks talk over the job's network interface (eth0; lo when emulated).
+        for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if cluster.network_interface:
+                os.environ.setdefault(variable, cluster.network_interface)
+        here = (f"rank {place.first}" if place.per_host == 1 else
+                f"ranks {place.first}-{place.first + place.per_host - 1}")
+        log.info("learner group: %s of %d on this host, meeting at %s", here, place.ranks,
+                 place.rendezvous)
     env_hosts = EnvHosts(cluster.hosts_of(settings.env_groups), settings, token)
     local = _local_workers(settings, cluster, token)
     evaluator: Child | None = None
     learner: Learner | None = None
+    other_ranks: list[Child] = []
     stop_reason: list[str] = []
     stop_since: list[float] = []  # when a signal asked for the stop
 
@@ -213,10 +260,20 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
         env_hosts.start_heartbeats()
         learner_settings = pick(LearnerSettings, settings, worker_addresses=tuple(addresses),
                                 out=str(cluster.model_dir))
+        if place.ranks > 1:
+            # Env hosts' workers are shared out among all ranks; this host's own (on
+            # loopback) among its own ranks.
+            shared = tuple(a for a in addresses if a not in local_addresses)
+            learner_settings = dataclasses.replace(
+                learner_settings, worker_addresses=shared, learners=place.ranks,
+                rendezvous=place.rendezvous, rank=place.first,
+                own_worker_addresses=tuple(local_addresses[0 :: place.per_host]))
+            other_ranks = _start_other_ranks(learner_settings, place, local_addresses,
+                                             cluster, token)
         learner = Learner(learner_settings, token)
         learner.extra_metrics = env_hosts.metrics
         watcher = _supervise_local_workers(local, learner, watch_done)
-        if settings.eval_every:  # on this host's spare CPU, beside the learner
+        if settings.eval_every and place.leader:  # on spare CPU, beside the learner
             evaluator = start_evaluator(cluster.model_dir, settings.eval_episodes,
                                         settings.seed, cluster.base_dir / "hetrl",
                                         child_environment(token))
@@ -238,16 +295,22 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
         watch_done.set()  # nothing restarts a local worker from here on
         if watcher is not None:
             watcher.join(5.0)
-        unconfirmed = env_hosts.stop_all(reason, settings.stop_budget / 2)
-        if unconfirmed:
-            log.error("env hosts %s did not confirm the stop; their dead-man's switch "
-                      "ends them within loss_timeout", unconfirmed)
+        _end_other_ranks(other_ranks, settings.stop_budget / 4)
+        # A group that ended together: rank 0's host stops the env hosts once it has
+        # saved (its workers stream to the end). A broken group or a failed host: every
+        # learner host stops them, in case rank 0's host is the one that is gone.
+        broken = learner is not None and learner.group is not None and learner.group.broken
+        if place.leader or code != EXIT_OK or broken or learner is None:
+            unconfirmed = env_hosts.stop_all(reason, settings.stop_budget / 2)
+            if unconfirmed:
+                log.error("env hosts %s did not confirm the stop; their dead-man's switch "
+                          "ends them within loss_timeout", unconfirmed)
         local.stop(10.0)
         if evaluator is not None:
             if code == EXIT_OK and not stop_since:  # no stop deadline runs: play the last
                 finish_evaluations(evaluator, cluster.model_dir, FINAL_EVALUATION_SECONDS)
             stop_all([evaluator], 5.0)
-    if learner is not None:
+    if learner is not None and place.leader:
         keep_final_model(cluster.model_dir, learner.checkpoint_dir)
         spent = time.monotonic() - stop_since[0] if stop_since else 0.0
         if spent > settings.stop_budget / 2:
@@ -291,6 +354,33 @@ def _write_cluster_file(cluster: ClusterView, settings: ClusterSettings) -> None
     ]
     cluster.model_dir.mkdir(parents=True, exist_ok=True)
     (cluster.model_dir / "cluster.json").write_text(json.dumps({"instances": instances}))
+
+
+def _start_other_ranks(first: LearnerSettings, place: HostRanks, local_addresses: list[str],
+                       cluster: ClusterView, token: str) -> list[Child]:
+    """This host's ranks after its first, as `python -m hetrl.learner.learner` children
+    (each its own GPU); they stop with the group, which stops when this host's rank does."""
+    children = []
+    for index in range(1, place.per_host):
+        rank = place.first + index
+        settings = dataclasses.replace(
+            first, rank=rank, own_worker_addresses=tuple(local_addresses[index :: place.per_host]))
+        children.append(spawn(f"learner-rank{rank}", "hetrl.learner.learner", settings,
+                              cluster.base_dir / "hetrl", child_environment(token),
+                              echo=sys.stdout, echo_prefix=f"[rank {rank}] "))
+    return children
+
+
+def _end_other_ranks(children: list[Child], grace: float) -> None:
+    """Give this host's other ranks `grace` s to end with the group (they save nothing:
+    rank 0 does), then stop what is left."""
+    deadline = time.monotonic() + grace
+    for child in children:
+        try:
+            child.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("learner %s did not end with the group; stopping it", child.name)
+    stop_all(children, 5.0)
 
 
 def _supervise_local_workers(local: Supervisor, learner: Learner,

@@ -104,7 +104,14 @@ class ClusterSettings(
     env_groups: tuple[str, ...] = ("env_group",)
     """Instance groups whose hosts run rollout workers (more than one is allowed)."""
     learner_group: str = "learner_group"
-    """Instance group whose (single) host runs the learner."""
+    """Instance group whose hosts run the learner: one host, or several that train one
+    policy together (a learner group, one rank per GPU: see --learners-per-host)."""
+    learners_per_host: int = 0
+    """Learner ranks on each learner host; 0: one per GPU (one on a host without). More
+    than one rank in all makes a data-parallel learner group (NCCL on GPUs, gloo on CPU)."""
+    group_port: int = 7010
+    """Port where rank 0 of a learner group (on the first learner host in natural name
+    order) meets the other ranks; open between the learner hosts only."""
     workers_per_env_host: int = 0
     """Rollout workers on each env host; 0 starts one per usable core."""
     learner_host_workers: int = -1
@@ -144,7 +151,8 @@ class ClusterSettings(
         require(self.workers_per_env_host >= 0, "--workers-per-env-host must be >= 0")
         require(self.learner_host_workers >= -1, "--learner-host-workers must be >= -1")
         require(self.learner_cores >= 1, "--learner-cores must be >= 1")
-        for name in ("control_port", "worker_base_port"):
+        require(self.learners_per_host >= 0, "--learners-per-host must be >= 0 (0: one per GPU)")
+        for name in ("control_port", "worker_base_port", "group_port"):
             value = getattr(self, name)
             require(0 < value < 65536, f"--{name.replace('_', '-')} must be a port, got {value}")
         for name in ("first_heartbeat_timeout", "loss_timeout", "resolve_timeout",
@@ -161,9 +169,14 @@ class InstanceTypes:
     env_type: str = "ml.c5.9xlarge"
     """Instance type of the env hosts (rollout workers)."""
     learner_type: str = "ml.g5.2xlarge"
-    """Instance type of the single learner host."""
+    """Instance type of the learner hosts."""
+    learner_count: int = 1
+    """Instances in the learner group; more than one train one policy together (a
+    learner group: one rank per GPU of each, data parallel)."""
 
     def __post_init__(self) -> None:
+        require(1 <= self.learner_count <= 64,
+                f"--learner-count must be in [1, 64], got {self.learner_count}")
         for name in ("env_type", "learner_type"):
             value = getattr(self, name)
             require(value.startswith("ml."),

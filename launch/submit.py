@@ -382,7 +382,8 @@ def build_trainer(settings: SubmitSettings, code_dir: Path, session: Any,
         configs.InstanceGroup(instance_group_name=settings.env_groups[0],
                               instance_type=settings.env_type, instance_count=settings.env_count),
         configs.InstanceGroup(instance_group_name=settings.learner_group,
-                              instance_type=settings.learner_type, instance_count=1),
+                              instance_type=settings.learner_type,
+                              instance_count=settings.learner_count),
     ]
     return ModelTrainer(
         sagemaker_session=session,

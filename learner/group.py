@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import datetime
 import hashlib
+import hmac
 import json
 import logging
 import re
@@ -62,16 +63,9 @@ def _cause(exc: BaseException) -> str:
 
 
 def rank_addresses(addresses: Sequence[str], rank: int, ranks: int) -> tuple[str, ...]:
-    """This rank's workers: every `ranks`-th of the addresses in sorted order, from the
-    `rank`-th (so a host's workers are spread over the ranks, and every process that
-    knows the addresses computes the same partition).
-
-    Raises:
-        ConfigError: fewer workers than ranks (a rank would have nothing to train on).
-    """
-    if len(addresses) < ranks:
-        raise ConfigError(f"{ranks} learner ranks need at least {ranks} rollout workers, "
-                          f"got {len(addresses)}: add workers or lower --learners")
+    """This rank's share of the workers: every `ranks`-th of the addresses in sorted
+    order, from the `rank`-th (so a host's workers are spread over the ranks, and every
+    process that knows the addresses computes the same partition)."""
     return tuple(sorted(addresses)[rank::ranks])
 
 
@@ -103,7 +97,7 @@ class LearnerGroup:
     """
 
     def __init__(self, rank: int, ranks: int, rendezvous: str, device: torch.device,
-                 timeout: float = GROUP_TIMEOUT_SECONDS) -> None:
+                 timeout: float = GROUP_TIMEOUT_SECONDS, token: str = "") -> None:
         if not 0 <= rank < ranks:
             raise ConfigError(f"rank {rank} is not one of the group's {ranks} ranks")
         self.rank, self.ranks, self.device = rank, ranks, device
@@ -123,7 +117,30 @@ class LearnerGroup:
         except (RuntimeError, ValueError) as exc:
             raise GroupError(f"learner rank {rank} could not join the group of {ranks} at "
                              f"{init} within {timeout:.0f} s: {exc}") from exc
-        self._pg = dist.group.WORLD
+        if token:
+            self._prove_token(token)
+
+    def _prove_token(self, token: str) -> None:
+        """Every rank shows the others it holds the job's token (an HMAC of its rank,
+        not the token): the rendezvous itself is not authenticated, so a process that
+        took a rank's place ends the group with this error instead of training in it.
+
+        Raises:
+            GroupError: some rank does not hold the token.
+        """
+        def proof(rank: int) -> str:
+            return hmac.new(token.encode(), f"hetrl learner rank {rank} of {self.ranks}"
+                            .encode(), hashlib.sha256).hexdigest()
+
+        turns = self.agree({"proof": proof(self.rank)})
+        strangers = [r for r, t in enumerate(turns) if not hmac.compare_digest(
+            str(t.get("proof")), proof(r))]
+        if strangers:
+            self.broken = (f"learner ranks {strangers} do not hold this job's token: a "
+                           "process that is not one of this job's learners joined the group "
+                           "at its rendezvous (or the hosts were started with different "
+                           "HETRL_TOKEN values); the group stops")
+            raise GroupError(self.broken)
 
     @property
     def leader(self) -> bool:

@@ -23,7 +23,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -110,14 +110,19 @@ class Learner:
         self.device = resolve_device(settings.device, settings.rank)
         # A learner group's ranks train one policy on their own workers (learner/group.py).
         self.group = (LearnerGroup(settings.rank, settings.learners, settings.rendezvous,
-                                   self.device) if settings.learners > 1 else None)
+                                   self.device, token=token)
+                      if settings.learners > 1 else None)
         self.leader = self.group is None or self.group.leader
-        addresses = settings.worker_addresses
-        self._rank_workers = [len(addresses)]
+        addresses = (*settings.worker_addresses, *settings.own_worker_addresses)
         if self.group is not None:
-            self._rank_workers = [len(rank_addresses(addresses, r, settings.learners))
-                                  for r in range(settings.learners)]
-            addresses = rank_addresses(addresses, settings.rank, settings.learners)
+            addresses = (*rank_addresses(addresses, settings.rank, settings.learners),
+                         *settings.own_worker_addresses)
+            if not addresses:
+                raise ConfigError(f"learner rank {settings.rank} of {settings.learners} has no "
+                                  "rollout workers to train on: start at least one worker "
+                                  "per learner rank")
+        self._rank_workers = [len(addresses)]  # every rank's, once they have met
+        self._group_workers = list(addresses)
         description = describe_env(settings)
         obs_space, act_space = description.observation_space, description.action_space
         self.policy = Policy(obs_space, act_space, settings).to(self.device)
@@ -129,7 +134,7 @@ class Learner:
             self.out = self.out / "ranks" / f"rank{settings.rank}"
         resumed = self._resume() if settings.resume and self.leader else None
         if self.group is not None:
-            resumed = self._share_start(resumed)
+            resumed = self._share_start(resumed, addresses)
         self.spec = StreamSpec(
             env=settings.env,
             observation_space=str(obs_space),
@@ -208,6 +213,7 @@ class Learner:
             extras.update(self.inference.stats())
         if self.group is not None and self.tally is not None:
             group, tally = self.group, self.tally
+            extras["workers"] = self._group_workers  # every rank's, rank by rank
             extras["learner_group"] = {
                 "ranks": group.ranks,
                 "rank": group.rank,
@@ -295,15 +301,19 @@ class Learner:
                  path, int(state["global_step"]), self.version)
         return str(path), int(state["global_step"]), dict(state.get("totals") or {})
 
-    def _share_start(self, resumed: tuple[str, int, dict] | None
+    def _share_start(self, resumed: tuple[str, int, dict] | None, addresses: Sequence[str]
                      ) -> tuple[str, int, dict] | None:
         """A group's start: rank 0's weights, optimizer state, version and books (fresh
-        or resumed) on every rank; return what rank 0 resumed from."""
+        or resumed) on every rank, and every rank's workers (`addresses`: this one's);
+        return what rank 0 resumed from."""
         assert self.group is not None
         mine = ({"path": resumed[0] if resumed else None, "step": resumed[1] if resumed else 0,
                  "totals": resumed[2] if resumed else {}, "version": self.version}
                 if self.leader else {})
-        start = self.group.agree(mine)[0]
+        turns = self.group.agree({**mine, "workers": list(addresses)})
+        self._rank_workers = [len(t["workers"]) for t in turns]
+        self._group_workers = [address for t in turns for address in t["workers"]]
+        start = turns[0]
         self.group.broadcast_([*self.policy.state_dict().values(),
                                *optimizer_tensors(self.optimizer)])
         self.version = int(start["version"])

@@ -230,15 +230,20 @@ class LearnerSettings(EnvSettings, PolicySettings, TrainSettings, CheckpointSett
     rendezvous: str = ""
     """Where a group's ranks meet: host:port where rank 0 listens, or file:///path (a
     file all ranks can reach on one machine: no port at all)."""
+    own_worker_addresses: tuple[str, ...] = ()
+    """In a group: workers only this rank streams from (its host's own, on loopback),
+    besides its share of --worker-addresses."""
 
     def __post_init__(self) -> None:
         self.worker_addresses = tuple(self.worker_addresses)
+        self.own_worker_addresses = tuple(self.own_worker_addresses)
         require(self.learners >= 1, f"--learners must be >= 1, got {self.learners}")
         require(0 <= self.rank < self.learners,
                 f"--rank must be in 0..{self.learners - 1}, got {self.rank}")
         require(self.learners == 1 or bool(self.rendezvous),
                 "--learners > 1 needs --rendezvous (where the ranks meet)")
-        require(len(self.worker_addresses) > 0 or bool(self.addresses_file),
+        require(len(self.worker_addresses) + len(self.own_worker_addresses) > 0
+                or bool(self.addresses_file),
                 "give at least one --worker-addresses host:port")
         require(self.connect_timeout > 0, "--connect-timeout must be > 0")
         _chain_post_init(self, LearnerSettings)

@@ -3,6 +3,7 @@ on SageMaker-shaped trees written by the test."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,6 +15,8 @@ import pytest
 
 from hetrl.launch.cluster import parse_host_map, resolve
 from hetrl.launch.env_host import HostControl
+from hetrl.launch.learner_host import HostRanks, host_ranks
+from hetrl.launch.settings import ClusterSettings
 from hetrl.protos import hetrl_pb2, hetrl_pb2_grpc
 from hetrl.rollout.errors import ConfigError
 from hetrl.rollout.transport import auth_metadata, create_channel, create_server
@@ -85,7 +88,7 @@ def read_cluster_in(base: Path, toolkit: bool = True) -> dict:
         "'groups': c.groups, 'types': c.instance_types, 'hetero': c.is_hetero, "
         "'hp': c.hyperparameters, 'env_hosts': c.hosts_of(('env_group',)), "
         "'model': str(c.model_dir), 'output': str(c.output_dir), 'base': str(c.base_dir), "
-        "'cpus': c.num_cpus, 'gpus': c.num_gpus, "
+        "'cpus': c.num_cpus, 'gpus': c.num_gpus, 'interface': c.network_interface, "
         "'toolkit': 'sagemaker_training.environment' in sys.modules}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, env=dict(os.environ, SAGEMAKER_BASE_DIR=str(base)),
@@ -158,16 +161,36 @@ def test_unknown_hyperparameter_fails_the_host_clearly(tmp_path: Path) -> None:
     assert "unknown hyperparameter 'totl_steps'" in (base / "output" / "failure").read_text()
 
 
-def test_two_learner_hosts_are_refused(tmp_path: Path) -> None:
-    resource = dict(DESIGN_EXAMPLE, current_group_name="learner_group", current_host="algo-2")
-    resource["instance_groups"] = [
-        DESIGN_EXAMPLE["instance_groups"][0],
-        {"instance_group_name": "learner_group", "hosts": ["algo-2", "algo-4"]},
-    ]
-    base = write_tree(tmp_path, resource, {"learner_host_workers": "0"})
-    result = run_host(base)
-    assert result.returncode == 2, result.stderr
-    assert "has 2 hosts" in (base / "output" / "failure").read_text()
+@pytest.mark.parametrize("gpus, per_host", [(8, 0), (0, 0), (8, 2)])
+def test_every_learner_host_agrees_on_its_ranks_and_where_they_meet(
+        monkeypatch, tmp_path: Path, gpus: int, per_host: int) -> None:
+    # AWS's example: the GPU group lists its hosts unsorted (algo-3, algo-2); whichever
+    # host reads it, rank 0 is on algo-2 (natural order) and the group meets there.
+    monkeypatch.setenv("HETRL_HOST_MAP", "algo-2=10.0.0.2,algo-3=10.0.0.3")
+    settings = ClusterSettings(env_groups=("data_group",), learner_group="dnn_group",
+                               learners_per_host=per_host, group_port=7010)
+    places = {}
+    for host in ("algo-3", "algo-2"):
+        view = dataclasses.replace(read_view(AWS_EXAMPLE, tmp_path / host),
+                                   current_host=host, num_gpus=gpus)
+        places[host] = host_ranks(settings, view)
+    each = per_host or max(1, gpus)
+    assert places["algo-2"] == HostRanks(0, each, 2 * each, "10.0.0.2:7010")
+    assert places["algo-3"] == HostRanks(each, each, 2 * each, "10.0.0.2:7010")
+    assert places["algo-2"].leader and not places["algo-3"].leader
+
+
+def test_a_host_outside_the_learner_group_has_no_rank(tmp_path: Path) -> None:
+    view = read_view(AWS_EXAMPLE, tmp_path)  # algo-4 is a data_group host
+    settings = ClusterSettings(env_groups=("data_group",), learner_group="dnn_group")
+    with pytest.raises(ConfigError, match="not this host 'algo-4'"):
+        host_ranks(settings, view)
+
+
+def read_view(resource: dict, base: Path):
+    from hetrl.launch.cluster import read_cluster_files
+
+    return read_cluster_files(write_tree(base, resource, {}))
 
 
 def test_env_host_without_learner_fails_after_first_heartbeat_timeout(tmp_path: Path) -> None:

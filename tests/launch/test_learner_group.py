@@ -1,20 +1,27 @@
-"""`hetrl local --learners 2`: a learner group of two ranks (gloo on CPU) trains one policy.
+"""A learner group trains one policy on two ranks (gloo on CPU): `hetrl local --learners 2`
+and `hetrl emulate --learner-count 2` (two learner hosts).
 
-The issue's acceptance runs: CartPole-v1 solved for seeds 1-3 with the ranks' weights
-identical at every checkpoint and at the end (their checksums are in the checkpoint and
-the summary). Marked slow (about 30 s each here); they run in CI all the same.
+The issue's acceptance runs: CartPole-v1 solved for seeds 1-3 each way, with the ranks'
+weights identical at every checkpoint and at the end (their checksums are in the
+checkpoint and the summary); a killed learner host ends the group, every env host is
+stopped and the job resumes. Marked slow (30-60 s each here); they run in CI all the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from hetrl.launch import run_local
+from hetrl.launch.emulate import EmulateSettings, collect_result, run_emulated, start_hosts
+from hetrl.launch.processes import stop_all
 from hetrl.rollout.errors import ConfigError
+from tests.helpers import wait_for
 from tests.launch.test_solve import solve_curve
 
 
@@ -56,3 +63,63 @@ def test_more_learners_than_workers_is_refused_before_anything_starts(tmp_path: 
     with pytest.raises(ConfigError, match="--learners 3 needs at least as many --workers"):
         run_local(env="CartPole-v1", workers=2, learners=3, out=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_an_emulated_learner_group_of_two_hosts_solves_cartpole(tmp_path: Path,
+                                                                 seed: int) -> None:
+    # Two env hosts, two learner hosts (one rank each, gloo over the loopback interface
+    # the emulated resourceconfig names), meeting at the first learner host in natural
+    # order: algo-2, although the group lists algo-3 first.
+    result = run_emulated(EmulateSettings(env="CartPole-v1", env_hosts=2, learner_count=2,
+                                          total_steps=300_000, seed=seed,
+                                          out=str(tmp_path / f"e{seed}"), progress=False))
+    assert result.exit_code == 0, (result.exit_codes, result.failures)
+    assert result.learner_hosts == ("algo-2", "algo-3")
+    summary = result.summary
+    model = result.out / "hosts" / "algo-2" / "model"
+    assert max(solve_curve(model)) >= 475, summary
+    assert summary["mean_return_100"] >= 475, summary
+    group = summary["learner_group"]
+    assert group["ranks"] == 2 and group["weights_identical"], group
+    assert group["rank_workers"] == [2, 2]  # 2 env hosts x 2 workers, shared out
+    assert len(summary["workers"]) == 4
+    # Rank 1's host writes no model, only its own books.
+    assert not (result.out / "hosts" / "algo-3" / "model" / "model.safetensors").exists()
+    assert (result.out / "hosts" / "algo-3" / "model" / "ranks" / "rank1" /
+            "summary.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_killed_learner_host_ends_the_group_and_every_env_host_resumable(
+        tmp_path: Path) -> None:
+    settings = EmulateSettings(env="CartPole-v1", env_hosts=2, learner_count=2,
+                               total_steps=100_000_000, checkpoint_every=2.0,
+                               out=str(tmp_path / "k"), progress=False)
+    cluster = start_hosts(settings)
+    try:
+        checkpoints = cluster.root / "hosts" / "algo-2" / "checkpoints"
+        wait_for(lambda: any(checkpoints.glob("ckpt-*.pt")), 180, "a first checkpoint")
+        cluster.hosts["algo-3"].process.send_signal(signal.SIGKILL)  # rank 1's host
+        wait_for(lambda: all(c.exit_code() is not None for c in cluster.hosts.values()), 120,
+                 "every host to exit")
+    finally:
+        stop_all(list(cluster.hosts.values()), 5.0)
+    result = collect_result(cluster)
+    assert result.exit_codes["algo-2"] == 1, result.exit_codes
+    for host in cluster.env_hosts:  # stopped by rank 0's host, not by their dead-man's switch
+        assert result.exit_codes[host] == 0, (result.exit_codes, result.failures)
+    summary = result.summary
+    assert summary["outcome"].startswith("failed: the learner group broke"), summary["outcome"]
+    stopped_at = summary["global_step"]
+    newest = max(checkpoints.glob("ckpt-*.pt"))
+    assert torch.load(newest, weights_only=True)["global_step"] == stopped_at
+
+    again = run_emulated(dataclasses.replace(settings, total_steps=stopped_at + 8192))
+    assert again.exit_code == 0, (again.exit_codes, again.failures)
+    assert again.summary["resumed_from"] and again.summary["runs"] == 2
+    assert stopped_at + 8192 <= again.summary["global_step"] <= stopped_at + 8192 + 4096
+    assert again.summary["learner_group"]["weights_identical"]

@@ -153,6 +153,20 @@ def test_settings_choices_reach_the_request(tmp_path):
     assert json.loads(request["HyperParameters"]["hidden_sizes"]) == [256, 256]
 
 
+def test_a_learner_group_of_two_instances_is_a_valid_request():
+    request = build_request(example(learner_count=2, learners_per_host=1, group_port=7020))
+    assert_valid_for_botocore(request)
+    groups = {g["InstanceGroupName"]: g["InstanceCount"]
+              for g in request["ResourceConfig"]["InstanceGroups"]}
+    assert groups == {"env_group": 2, "learner_group": 2}
+    # Every learner host finds its ranks and the rendezvous (rank 0's host, the group
+    # port) from the job's config and these hyperparameters (test_cluster shows how).
+    hyperparameters = request["HyperParameters"]
+    assert json.loads(hyperparameters["learners_per_host"]) == 1
+    assert json.loads(hyperparameters["group_port"]) == 7020
+    assert "learner_count" not in hyperparameters  # the hosts read it from the config
+
+
 def test_hyperparameters_are_the_changed_training_flags_and_parse_back():
     settings = example(hidden_sizes=(256, 256), env_import=("my_envs",), learning_rate=3e-4,
                        anneal_lr=False, workers_per_env_host=30, max_run=3600)

@@ -27,7 +27,6 @@ from hetrl.learner.group import (
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.ppo import Batch, ppo_update_async
 from hetrl.learner.settings import TrainSettings
-from hetrl.rollout.errors import ConfigError
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.settings import PolicySettings
 from tests.learner.test_vtrace import random_fragment
@@ -199,8 +198,6 @@ def test_workers_are_split_the_same_way_everywhere() -> None:
     parts = [rank_addresses(addresses, rank, 2) for rank in range(2)]
     assert parts == [("a:1", "b:1", "c:1"), ("a:2", "b:2")]
     assert parts == [rank_addresses(list(reversed(addresses)), rank, 2) for rank in range(2)]
-    with pytest.raises(ConfigError, match="at least 3 rollout workers"):
-        rank_addresses(["a:1", "a:2"], 0, 3)
 
 
 @pytest.mark.parametrize("total", [1, 2, 7, 16])
@@ -228,3 +225,30 @@ def test_group_books_sum_the_turns() -> None:
     assert books.lag_histogram == {0: 4, 1: 2}
     assert books.progress() == (1150, (1.0, 2.0, 3.0))
     assert books.wait_shares() == [0.25, 0.5] and books.lockstep_shares() == [0.0, 0.375]
+
+
+def _token_rank(rank: int, store: str, token: str, results: multiprocessing.Queue) -> None:
+    try:
+        LearnerGroup(rank, 2, f"file://{store}", torch.device("cpu"), timeout=60, token=token)
+        results.put((rank, "joined"))
+    except Exception as exc:  # noqa: BLE001 - the test reports what it was
+        results.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+@pytest.mark.parametrize("tokens, joined", [(("job", "job"), True), (("job", "other"), False)])
+def test_every_rank_proves_it_holds_the_jobs_token(tmp_path: Path, tokens, joined) -> None:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ranks = [context.Process(target=_token_rank,
+                             args=(rank, str(tmp_path / "store"), tokens[rank], results))
+             for rank in range(2)]
+    for process in ranks:
+        process.start()
+    got = dict(results.get(timeout=120) for _ in ranks)
+    for process in ranks:
+        process.join(30)
+    if joined:
+        assert got == {0: "joined", 1: "joined"}
+    else:  # each side sees the other as the stranger
+        assert "GroupError: learner ranks [1] do not hold this job's token" in got[0]
+        assert "GroupError: learner ranks [0] do not hold this job's token" in got[1]
