@@ -6,7 +6,9 @@ capacity in env steps per second (given, read from a previous run's summary, or
 measured here on this CPU), and prints, for 0, 1, 2, ... env hosts of the chosen type
 beside the learner instance: expected env steps/s, $/hour, $ per million env steps
 (on-demand and spot), learner utilisation, and the gain over the homogeneous baseline
-(the learner instance alone, its spare vCPUs running workers). This is the arithmetic
+(the learner instance alone, its spare vCPUs running workers). A second table sizes a
+learner group: for 1, 2, 4, ... learner instances (one rank per GPU), the group's update
+ceiling, the env hosts that feed it and the cost of each option. This is the arithmetic
 AWS asks users to do by hand. It starts no cluster and sends nothing anywhere.
 """
 
@@ -40,6 +42,8 @@ class PlanSettings(InstanceTypes, EnvSettings, PolicySettings, RolloutSettings):
     """Seconds spent measuring the env's steps per second on one core."""
     max_env_hosts: int = 32
     """Largest number of env hosts the table considers."""
+    max_learner_count: int = 4
+    """Largest learner group (learner instances) the learner-group table considers."""
     prices: str = ""
     """A JSON price file overriding the shipped table (same format as prices.json), or
     `live` / `live:REGION` for current prices from the AWS Price List API (needs AWS
@@ -49,6 +53,7 @@ class PlanSettings(InstanceTypes, EnvSettings, PolicySettings, RolloutSettings):
         require(self.learner_samples_per_second >= 0, "--learner-samples-per-second must be >= 0")
         require(self.measure_seconds > 0, "--measure-seconds must be > 0")
         require(self.max_env_hosts >= 1, "--max-env-hosts must be >= 1")
+        require(self.max_learner_count >= 1, "--max-learner-count must be >= 1")
         require(self.learner_cores >= 0, "--learner-cores must be >= 0")
         super().__post_init__()
 
@@ -89,6 +94,18 @@ def learner_rate_from_run(path: Path) -> float:
     if train <= 0:
         raise ConfigError(f"{path}/summary.json has no training time to measure the learner by")
     return float(summary["global_step"]) / train
+
+
+def group_efficiency_from_run(path: Path) -> float | None:
+    """How much of a learner group's update ceiling the all-reduces leave, from a group
+    run's summary (1 - all-reduce seconds / update seconds); None for a run of one rank."""
+    summary = json.loads((path / "summary.json").read_text())
+    group = summary.get("learner_group")
+    updates = float(summary.get("policy_version") or 0)
+    train = float(summary.get("learner_train_seconds") or 0)
+    if not group or updates <= 0 or train <= 0:
+        return None
+    return max(0.0, 1.0 - float(group["allreduce_seconds_per_update"]) / (train / updates))
 
 
 def learner_train_settings(description):
@@ -172,16 +189,26 @@ class PlanRow:
     gain: float  # fraction cheaper per env step than the homogeneous baseline
 
 
-def plan_rows(core_rate: float, learner_rate: float, settings: PlanSettings) -> list[PlanRow]:
-    """Rows for 0 (homogeneous) .. N env hosts, up to one past saturating the learner."""
+def group_ceiling(learner_rate: float, ranks: int, efficiency: float) -> float:
+    """Env steps per second a learner group of `ranks` trains on: each rank's rate,
+    less the share its gradient all-reduces take (none for one rank)."""
+    return learner_rate * ranks * (efficiency if ranks > 1 else 1.0)
+
+
+def plan_rows(core_rate: float, learner_rate: float, settings: PlanSettings,
+              efficiency: float = 1.0) -> list[PlanRow]:
+    """Rows for 0 (homogeneous) .. N env hosts, up to one past saturating the learner
+    (--learner-count instances of it: a group, one rank per GPU)."""
     prices = load_prices(settings.prices or None)
     learner, env = prices.get(settings.learner_type), prices.get(settings.env_type)
-    spare = max(0, learner.vcpus - settings.learner_cores)
+    count = settings.learner_count
+    spare = count * max(0, learner.vcpus - settings.learner_cores)
+    learner_rate = group_ceiling(learner_rate, count * max(1, learner.gpus), efficiency)
     rows: list[PlanRow] = []
     for k in range(settings.max_env_hosts + 1):
         produced = core_rate * (spare + k * env.vcpus)
         rate = min(produced, learner_rate)
-        price = learner.price_per_hour + k * env.price_per_hour
+        price = count * learner.price_per_hour + k * env.price_per_hour
         cost = cost_per_million_steps(price, rate)
         base = rows[0].cost_per_million if rows else cost
         rows.append(PlanRow(k, rate, rate / learner_rate, price, cost,
@@ -192,21 +219,63 @@ def plan_rows(core_rate: float, learner_rate: float, settings: PlanSettings) -> 
     return rows
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupOption:
+    """One size of learner group and the env hosts that keep it busy."""
+
+    learner_count: int
+    ranks: int
+    ceiling: float
+    env_hosts: int | None  # None: more than --max-env-hosts would be needed
+    price_per_hour: float
+    cost_per_million: float
+
+
+def group_options(core_rate: float, learner_rate: float, settings: PlanSettings,
+                  efficiency: float) -> list[GroupOption]:
+    """For 1, 2, 4, ... learner instances (up to --max-learner-count): the group's
+    update ceiling, the fewest env hosts whose workers (with the learner hosts' spare
+    vCPUs) reach it, and what that job costs per hour and per million env steps."""
+    prices = load_prices(settings.prices or None)
+    learner, env = prices.get(settings.learner_type), prices.get(settings.env_type)
+    options = []
+    count = 1
+    while count <= settings.max_learner_count:
+        ranks = count * max(1, learner.gpus)
+        ceiling = group_ceiling(learner_rate, ranks, efficiency)
+        spare = count * max(0, learner.vcpus - settings.learner_cores) * core_rate
+        needed = max(0, math.ceil((ceiling - spare) / max(core_rate * env.vcpus, 1e-9)))
+        hosts = needed if needed <= settings.max_env_hosts else None
+        fed = min(ceiling, spare + core_rate * env.vcpus * (hosts if hosts is not None
+                                                            else settings.max_env_hosts))
+        price = count * learner.price_per_hour + (hosts or settings.max_env_hosts) * \
+            env.price_per_hour
+        options.append(GroupOption(count, ranks, ceiling, hosts, price,
+                                   cost_per_million_steps(price, fed)))
+        count *= 2
+    return options
+
+
 def run_plan(settings: PlanSettings) -> str:
     """Measure, compute and format the plan."""
     from hetrl.launch.placement import measure_placement
 
     core_rate = measure_core_rate(settings)
     placement = measure_placement(settings, seconds=min(1.0, settings.measure_seconds))
+    efficiency = (group_efficiency_from_run(Path(settings.from_run))
+                  if settings.from_run else None)
     if settings.learner_samples_per_second > 0:
         learner_rate, source = settings.learner_samples_per_second, "given"
     elif settings.from_run:
         learner_rate = learner_rate_from_run(Path(settings.from_run))
+        if efficiency is not None:  # a group run's rate is the group's: one rank's is less
+            summary = json.loads((Path(settings.from_run) / "summary.json").read_text())
+            learner_rate /= summary["learner_group"]["ranks"] * efficiency
         source = f"from {settings.from_run}"
     else:
         learner_rate = measure_learner_rate(settings)
         source = "measured on this CPU (a GPU learner is faster: pass the GPU figure)"
-    rows = plan_rows(core_rate, learner_rate, settings)
+    rows = plan_rows(core_rate, learner_rate, settings, efficiency or 1.0)
     best = min(rows, key=lambda r: r.cost_per_million)
     saturating = next((r for r in rows if r.learner_busy >= 0.999), None)
     lines = [
@@ -235,6 +304,7 @@ def run_plan(settings: PlanSettings) -> str:
     else:
         lines.append(f"even {settings.max_env_hosts} env hosts do not saturate the learner: "
                      "the env is the bottleneck; raise --max-env-hosts or pick bigger hosts.")
+    lines += ["", *group_lines(core_rate, learner_rate, settings, efficiency)]
     lines += ["", *placement.lines()]
     if placement.choice() == "central":
         central_rows = plan_rows(placement.central_env_host_rate(), learner_rate, settings)
@@ -244,3 +314,29 @@ def run_plan(settings: PlanSettings) -> str:
                      f"{cheapest.env_hosts} env host(s) (the table above is worker inference; "
                      f"${best.cost_per_million:.4f} there)")
     return "\n".join(lines)
+
+
+def group_lines(core_rate: float, learner_rate: float, settings: PlanSettings,
+                efficiency: float | None) -> list[str]:
+    """The learner-group table: how many learner instances for how many env hosts."""
+    known = efficiency is not None
+    options = group_options(core_rate, learner_rate, settings, efficiency or 1.0)
+    lines = [
+        f"learner group (--learner-count; one rank per GPU of {settings.learner_type}), "
+        + (f"all-reduces leaving {efficiency:.0%} of each rank's rate (from {settings.from_run})"
+           if known else "each rank at its full rate: the all-reduce cost is not counted "
+           "(--from-run of a group run measures it)"),
+        f"{'learners':>9} {'ranks':>6} {'update ceiling':>15} {'env hosts':>10} {'$/hour':>8} "
+        f"{'$/M steps':>10}",
+    ]
+    for o in options:
+        hosts = str(o.env_hosts) if o.env_hosts is not None else f">{settings.max_env_hosts}"
+        lines.append(f"{o.learner_count:>9} {o.ranks:>6} {o.ceiling:>15,.0f} {hosts:>10} "
+                     f"{o.price_per_hour:>8.3f} {o.cost_per_million:>10.4f}")
+    cheapest = min(options, key=lambda o: o.cost_per_million)
+    lines.append(f"cheapest per env step: {cheapest.learner_count} learner instance(s) with "
+                 f"{cheapest.env_hosts if cheapest.env_hosts is not None else 'more than '}"
+                 f"{'' if cheapest.env_hosts is not None else settings.max_env_hosts} "
+                 "env host(s); a bigger group trains faster (its ceiling), not cheaper: "
+                 "pick the smallest one that is as fast as you need")
+    return lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import threading
 from pathlib import Path
@@ -13,11 +14,14 @@ import pytest
 from hetrl.launch import run_local
 from hetrl.launch.plan import (
     PlanSettings,
+    group_efficiency_from_run,
+    group_options,
     learner_train_settings,
     measure_core_rate,
     plan_rows,
     run_plan,
 )
+from hetrl.launch.prices import load_prices
 from hetrl.rollout.envs import describe_env
 
 
@@ -37,6 +41,37 @@ def test_rows_follow_the_arithmetic() -> None:
     assert rows[2].spot_cost_per_million == pytest.approx(expected * 0.3)
 
 
+def test_learner_group_options_follow_the_arithmetic() -> None:
+    # g5.12xlarge: 4 GPUs, 48 vCPUs (46 spare); c5.9xlarge: 36 vCPUs.
+    settings = PlanSettings(learner_type="ml.g5.12xlarge", env_type="ml.c5.9xlarge",
+                            max_learner_count=4, max_env_hosts=10)
+    options = group_options(core_rate=1000.0, learner_rate=60_000.0, settings=settings,
+                            efficiency=0.8)
+    assert [(o.learner_count, o.ranks) for o in options] == [(1, 4), (2, 8), (4, 16)]
+    assert options[0].ceiling == pytest.approx(4 * 60_000 * 0.8)
+    # 192,000 steps/s: 46,000 from the learner host's spare vCPUs, 146,000 from env
+    # hosts of 36,000 each: 5 of them.
+    assert options[0].env_hosts == 5
+    learner_price = load_prices(None).get("ml.g5.12xlarge").price_per_hour
+    assert options[0].price_per_hour == pytest.approx(learner_price + 5 * 1.836)
+    assert options[1].env_hosts == 9  # (384,000 - 92,000) / 36,000, rounded up
+    assert options[2].env_hosts is None  # 16 ranks need 17: more than --max-env-hosts
+    # One rank alone pays no all-reduce.
+    single = group_options(1000.0, 60_000.0, dataclasses.replace(
+        settings, learner_type="ml.g5.2xlarge", max_learner_count=1), efficiency=0.5)
+    assert single[0].ranks == 1 and single[0].ceiling == 60_000
+
+
+def test_a_group_runs_summary_gives_the_all_reduce_share(tmp_path: Path) -> None:
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "policy_version": 100, "learner_train_seconds": 10.0, "global_step": 1000,
+        "learner_group": {"ranks": 2, "allreduce_seconds_per_update": 0.025}}))
+    assert group_efficiency_from_run(tmp_path) == pytest.approx(0.75)
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "policy_version": 100, "learner_train_seconds": 10.0, "global_step": 1000}))
+    assert group_efficiency_from_run(tmp_path) is None
+
+
 @pytest.mark.parametrize("env", ["CartPole-v1", "Humanoid-v5"])
 def test_plan_prints_a_sane_table(env: str) -> None:
     text = run_plan(PlanSettings(env=env, measure_seconds=1.0,
@@ -44,6 +79,7 @@ def test_plan_prints_a_sane_table(env: str) -> None:
     assert "env steps/s per core" in text and "homogeneous" in text
     assert "$/M steps" in text
     assert "saturate" in text
+    assert "learner group (--learner-count" in text and "update ceiling" in text
 
 
 @pytest.mark.parametrize("env", ["MatchCode", "CopyBits", "PointAt"])
