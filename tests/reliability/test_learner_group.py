@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from hetrl.launch.emulate import EmulateSettings, collect_result, start_hosts
+from hetrl.launch.processes import stop_all
 from tests.helpers import processes_mentioning, wait_for
 from tests.reliability.test_process_faults import start, step
 
@@ -85,3 +87,28 @@ def test_sigterm_stops_every_rank_with_a_checkpoint(measured, tmp_path: Path) ->
     assert any((out / "checkpoints").glob("ckpt-*.pt"))
     assert processes_mentioning(str(out)) == []
     measured(f"SIGTERM stopped both learner ranks in {took:.1f} s with a checkpoint (exit 0)")
+
+
+def test_sigterm_to_one_learner_host_stops_the_whole_group(measured, tmp_path: Path) -> None:
+    settings = EmulateSettings(env="CartPole-v1", env_hosts=1, learner_count=2,
+                               total_steps=100_000_000, out=str(tmp_path / "e"),
+                               progress=False)
+    cluster = start_hosts(settings)
+    try:
+        metrics = cluster.root / "hosts" / "algo-2" / "model" / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and metrics.read_text().strip(), 180,
+                 "the group to train")
+        cluster.hosts["algo-3"].process.send_signal(signal.SIGTERM)  # rank 1's host only
+        sent = time.monotonic()
+        wait_for(lambda: all(c.exit_code() is not None for c in cluster.hosts.values()),
+                 settings.stop_budget, "every host to exit within the stop budget")
+        took = time.monotonic() - sent
+    finally:
+        stop_all(list(cluster.hosts.values()), 5.0)
+    result = collect_result(cluster)
+    assert set(result.exit_codes.values()) == {0}, (result.exit_codes, result.failures)
+    summary = result.summary
+    assert summary["outcome"] == "stopped: learner rank 1: signal SIGTERM", summary["outcome"]
+    assert any((cluster.root / "hosts" / "algo-2" / "checkpoints").glob("ckpt-*.pt"))
+    measured(f"SIGTERM to rank 1's learner host alone stopped the whole emulated job in "
+             f"{took:.1f} s, every host exit 0, rank 0's checkpoint written")
