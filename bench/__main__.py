@@ -25,10 +25,10 @@ import tyro
 from bench import common
 
 BENCHES = ("learner_throughput", "transport", "overhead", "pipelining", "scaling", "solve",
-           "learner_scale", "inference", "startup")
+           "learner_scale", "inference", "startup", "group_updates")
 # Benchmarks whose record is kept in git write it under this name instead of their own.
 RESULT_NAMES = {"inference": "summary_inference", "startup": "summary_startup",
-                "solve": "summary_solve"}
+                "solve": "summary_solve", "group_updates": "summary_group_updates"}
 
 
 @dataclasses.dataclass
@@ -62,6 +62,9 @@ def _headline(name: str, results: dict) -> dict:
                 "learner_busy", "gpu_busy_percent", "policy_lag_mean", "dropped_lag")
         return {f"{row['model']} x{row['workers']} {row['device']}": {k: row[k] for k in keys}
                 for row in r["runs"]}
+    if name == "group_updates":
+        return {f"{row['net']} x{row['ranks']}": row.get("samples_per_s_group", row.get(
+            "skipped", row.get("error"))) for row in r["runs"]}
     if name == "inference":
         return {row["env"]: {"worker": row["worker_env_steps_per_second"]["median"],
                              "central": row["central_env_steps_per_second"]["median"],

@@ -61,6 +61,14 @@ if [ "${ONLY:-}" = pong_record ]; then
   cp /tmp/runs/pong_record/metrics.jsonl "$OUT/pong_record_metrics.jsonl" 2>/dev/null
   exit 0
 fi
+# The learner group of issue 31 runs alone (`ONLY=learner_group bash bench/gpu_check.sh`):
+# update-only samples/s per rank, 1 rank against 2 (NCCL for the gradients), MLP Humanoid
+# and the CNN; with one GPU the 2-rank line says NCCL needs a GPU per rank and is skipped.
+if [ "${ONLY:-}" = learner_group ]; then
+  python3 -m bench.group_updates --device cuda --ranks 1 2 2>&1 | tail -n 12
+  cp bench/results/group_updates.json "$OUT/group_updates.json" 2>/dev/null
+  exit 0
+fi
 # 0. No host sync inside the update (torch raises on one under sync debug mode "error").
 python3 - >> "$R" <<'EOF' 2>&1
 import json, torch, gymnasium as gym, numpy as np
