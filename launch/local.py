@@ -200,6 +200,7 @@ def run_prepared(settings: LocalSettings, started: float | None = None) -> RunRe
         # What the learner does anyway (policy lag 0 or 1); recorded as it runs.
         settings = dataclasses.replace(settings, credits_per_worker=1)
     check_budget(settings, spaces)
+    check_learner_devices(settings)
     out = prepare_out_dir(settings)
     settings = dataclasses.replace(settings, out=str(out))
     write_settings(out, settings)  # so that --config reruns it and --resume continues it
@@ -294,6 +295,24 @@ def check_budget(settings: LocalSettings, spaces: EnvDescription) -> None:
     if memory > 0.5 * available:
         say(f"warning: the fragments in flight and in training take about "
             f"{memory / 2**30:.1f} GiB of the {available / 2**30:.1f} GiB available; {fix}")
+
+
+def check_learner_devices(settings: LocalSettings) -> None:
+    """Refuse a learner group on CUDA with more ranks than GPUs: NCCL runs one rank per
+    GPU, and two ranks on one fail only once the group meets.
+
+    Raises:
+        ConfigError: --learners exceeds the GPUs --device would use.
+    """
+    if settings.learners == 1 or settings.device == "cpu":
+        return
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if (settings.device != "auto" or gpus) and settings.learners > gpus:
+        raise ConfigError(f"--learners {settings.learners} on CUDA needs a GPU per rank and "
+                          f"this machine has {gpus}: lower --learners to {max(gpus, 1)}, or "
+                          "train the ranks on CPU with --device cpu (gloo)")
 
 
 MIN_UPDATES = 10

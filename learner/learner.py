@@ -461,12 +461,14 @@ class Learner:
         """
         assert self.group is not None and self.tally is not None
         ready, error = None, None
+        # From here until the turn is taken, leaving (a bug's exception) skips the last
+        # turn: the others then find this rank gone instead of a turn out of step.
+        self._between_turns = False
         if self._stop_reason is None and self.global_step < self.settings.total_steps:
             try:
                 ready = self._next_batch()
             except HetrlError as exc:
                 error = exc
-        self._between_turns = False
         start = time.perf_counter()
         try:
             turns = self.group.agree(self._turn(ready is not None, error))

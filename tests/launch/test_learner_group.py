@@ -123,3 +123,12 @@ def test_a_killed_learner_host_ends_the_group_and_every_env_host_resumable(
     assert again.summary["resumed_from"] and again.summary["runs"] == 2
     assert stopped_at + 8192 <= again.summary["global_step"] <= stopped_at + 8192 + 4096
     assert again.summary["learner_group"]["weights_identical"]
+
+
+def test_more_ranks_than_gpus_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has a GPU per rank")
+    with pytest.raises(ConfigError, match="--learners 2 on CUDA needs a GPU per rank"):
+        run_local(env="CartPole-v1", workers=2, learners=2, device="cuda",
+                  out=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
