@@ -57,6 +57,7 @@ from hetrl.learner.reserve import DiskReserve
 from hetrl.learner.settings import LearnerSettings, default_run_dir
 from hetrl.learner.stalls import StallWatch
 from hetrl.learner.utilisation import UtilisationSampler
+from hetrl.learner.verdict import lockstep_note
 from hetrl.rollout.envs import action_dtype, action_shape, describe_env
 from hetrl.rollout.errors import ConfigError, HetrlError, NonFiniteError, OutputError
 from hetrl.rollout.evaluate import model_metadata
@@ -177,6 +178,10 @@ class Learner:
         self.books = RunBooks(settings, self.out, self.streams, self.tally or self.batcher,
                               stall, UtilisationSampler(self.device))
         self.books.summary_extras = self._summary_extras
+        if self.tally is not None:
+            tally = self.tally
+            self.books.verdict_note = lambda: lockstep_note(
+                tally.lockstep_shares(), tally.rank_wait_seconds, self._rank_workers)
         if resumed is not None:
             path, step, totals = resumed
             if self.tally is not None:

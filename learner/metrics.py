@@ -217,6 +217,8 @@ class RunBooks:
         # Extra metrics from whoever runs the learner (e.g. env hosts' CPU in a cluster).
         self.extra_metrics: Callable[[], dict[str, float]] | None = None
         self.summary_extras: Callable[[], dict[str, object]] | None = None
+        self.verdict_note: Callable[[], str | None] | None = None
+        """A sentence the learner adds to the verdict (a learner group's lockstep cost)."""
         """More summary fields from the learner (central inference's passes and rows)."""
         self.rows = Rows(settings.metrics_every)
         self.version = 0
@@ -459,6 +461,8 @@ class RunBooks:
                         stalled_seconds=stalled, env_steps=books.global_step)
         if failure is not None:
             verdict = dataclasses.replace(verdict, kind="failed", text=failure)
+        elif self.verdict_note is not None and (note := self.verdict_note()):
+            verdict = dataclasses.replace(verdict, text=f"{verdict.text}; {note}")
         summary["verdict"] = verdict.kind
         summary["verdict_text"] = verdict.text
         write_atomic(self.out / "summary.json", json.dumps(summary, indent=2).encode())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hetrl.learner.verdict import judge
+from hetrl.learner.verdict import judge, lockstep_note
 
 
 def test_judge_reads_the_wait_fractions() -> None:
@@ -24,3 +24,12 @@ def test_a_stall_is_not_a_shortage() -> None:
     assert judge(32, 8, 20, 1, workers=2).kind == "experience-bound"
     short = judge(30, 20, 20, 1, workers=2, stalled_seconds=5)  # a short stall, noted
     assert short.kind == "experience-bound" and "stalled for 5 s" in short.text
+
+
+def test_a_learner_group_that_waits_on_a_slow_rank_says_which_and_what_evens_it_out() -> None:
+    note = lockstep_note([0.35, 0.02], [1.0, 30.0], [3, 1])
+    assert note is not None
+    assert note.startswith("lockstep cost: rank 0 waited 35% of its time for slower ranks")
+    assert "mostly rank 1 (1 workers" in note and "even out the workers per rank" in note
+    assert lockstep_note([0.1, 0.05], [1.0, 2.0], [2, 2]) is None  # the ranks kept pace
+    assert lockstep_note([0.9], [1.0], [2]) is None  # one rank: no lockstep
