@@ -116,7 +116,8 @@ class Learner:
         self.leader = self.group is None or self.group.leader
         addresses = (*settings.worker_addresses, *settings.own_worker_addresses)
         if self.group is not None:
-            addresses = (*rank_addresses(addresses, settings.rank, settings.learners),
+            addresses = (*rank_addresses(settings.worker_addresses, settings.rank,
+                                         settings.learners),
                          *settings.own_worker_addresses)
             if not addresses:
                 raise ConfigError(f"learner rank {settings.rank} of {settings.learners} has no "

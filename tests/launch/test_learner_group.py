@@ -132,3 +132,17 @@ def test_more_ranks_than_gpus_is_refused_before_anything_starts(tmp_path: Path) 
         run_local(env="CartPole-v1", workers=2, learners=2, device="cuda",
                   out=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_each_learner_hosts_own_workers_go_to_its_own_ranks(tmp_path: Path) -> None:
+    # One env host's 2 workers shared out among both ranks; each learner host's own
+    # worker (on its loopback) to its own rank only: 2 + 2 workers, none twice.
+    result = run_emulated(EmulateSettings(env="CartPole-v1", env_hosts=1, learner_count=2,
+                                          learner_host_workers=1, total_steps=20_000,
+                                          out=str(tmp_path / "own"), progress=False))
+    assert result.exit_code == 0, (result.exit_codes, result.failures)
+    summary = result.summary
+    assert summary["learner_group"]["rank_workers"] == [2, 2], summary["learner_group"]
+    workers = summary["workers"]
+    assert len(workers) == len(set(workers)) == 4
