@@ -35,6 +35,7 @@ def test_two_learner_ranks_solve_cartpole(tmp_path: Path, seed: int) -> None:
                        keep_checkpoints=1000)
     summary = result.summary
     assert result.ok, summary
+    assert summary["outcome"] == "finished", summary["outcome"]
     # A rank knows the others' steps as of the last turn: each may take a fragment past
     # the budget that the others had already spent (two fragments of slack per rank).
     assert summary["global_step"] <= 300_000 + 2 * (2 * 8 * 64), summary["global_step"]
@@ -79,6 +80,7 @@ def test_an_emulated_learner_group_of_two_hosts_solves_cartpole(tmp_path: Path,
     assert result.exit_code == 0, (result.exit_codes, result.failures)
     assert result.learner_hosts == ("algo-2", "algo-3")
     summary = result.summary
+    assert summary["outcome"] == "finished", summary["outcome"]
     model = result.out / "hosts" / "algo-2" / "model"
     assert max(solve_curve(model)) >= 475, summary
     assert summary["mean_return_100"] >= 475, summary
