@@ -86,11 +86,11 @@ def curve_of(out: Path) -> list[tuple[int, float]]:
             if "charts/mean_return_100" in r]
 
 
-def record(env: str, seed: int, wall: float | None) -> dict:
-    """A run's record, from its directory (its summary.json and metrics.jsonl); `wall`
-    None: recorded afterwards (--from-run-dirs), so the commit and load it ran with are
-    not known either."""
-    out = run_dir(env, seed)
+def record(env: str, seed: int, wall: float | None, out: Path | None = None) -> dict:
+    """A run's record, from its directory (its summary.json and metrics.jsonl; `out`,
+    by default this benchmark's `run_dir(env, seed)`); `wall` None: recorded afterwards
+    (--from-run-dirs), so the commit and load it ran with are not known either."""
+    out = run_dir(env, seed) if out is None else out
     summary = json.loads((out / "summary.json").read_text())
     curve = curve_of(out)
     area = 0.0

@@ -335,6 +335,81 @@ def table_reliability() -> str:
     return "\n".join(lines) + "\n" + total + _footer(_source("summary_reliability", record))
 
 
+def table_learner_group() -> str:
+    """One learner rank against a group (bench.learner_group): returns and all-reduce cost."""
+    record = _record("summary_learner_group")
+    settings, results = record["settings"], record["results"]
+    lines = ["| ranks | seeds | final return, mean ± sample std (each seed) "
+             "| within the 1-rank [min-max] | learner wall s (env steps/s) | update s "
+             "| all-reduce s per update (share of the update) | all-reduces per update "
+             "| wait / lockstep share, each rank | weights identical |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for count in settings["learners"]:
+        runs = [r for r in results["runs"] if r["learners"] == count and r["ok"]]
+        entry = results["summary"][f"L{count}"]
+        finals = [r["final_return"] for r in runs]
+        each = "; ".join(f"{f:,.0f}" for f in finals)
+        spread = (f"{statistics.fmean(finals):,.0f} ± {_sample_std(finals):,.0f} ({each})"
+                  if finals else "-")
+        if "mean_within_reference_spread" in entry:
+            seeds = entry["seeds_within_reference_spread"]
+            within = (f"{'yes' if entry['mean_within_reference_spread'] else 'no'} "
+                      f"({sum(bool(v) for v in seeds.values())} of {len(seeds)} seeds)")
+        else:
+            reference = entry["final_return"]
+            within = (f"reference ({reference['min']:,.0f}-{reference['max']:,.0f})"
+                      if finals else "-")
+        wall = "; ".join(f"{r['learner_wall_s']:.0f}" for r in runs)
+        sps = "; ".join(f"{r['steps_per_s']:,.0f}" for r in runs)
+        update = "; ".join(f"{r['update_seconds']:.3f}" for r in runs)
+        if count > 1:
+            reduce = "; ".join(f"{r['allreduce_seconds_per_update']:.3f} "
+                               f"({r['allreduce_share_of_update']:.0%})" for r in runs)
+            reduces = "; ".join(f"{r['allreduces_per_update']:g}" for r in runs)
+            shares = "; ".join(
+                ", ".join(f"{w:.0%}" for w in r["rank_wait_share"]) + " / "
+                + ", ".join(f"{w:.0%}" for w in r["rank_lockstep_share"]) for r in runs)
+            identical = "yes" if all(r["weights_identical"] for r in runs) else "**no**"
+        else:
+            reduce = reduces = shares = identical = "-"
+        failed = f" (+{entry['runs_failed']} failed)" if entry["runs_failed"] else ""
+        lines.append(f"| {count} | {', '.join(str(r['seed']) for r in runs)}{failed} "
+                     f"| {spread} | {within} | {wall} ({sps}) | {update} | {reduce} "
+                     f"| {reduces} | {shares} | {identical} |")
+    verdict = {None: "not measured", True: "yes", False: "no"}[
+        results["summary"].get("two_ranks_within_one_rank_spread")]
+    text = (f"\n{settings['env']}, {settings['total_steps']:,} env steps, {settings['workers']} "
+            f"workers shared by the ranks; the 2-rank mean within the 1-rank seeds' "
+            f"[min, max]: **{verdict}**.\n")
+    return ("\n".join(lines) + "\n" + text
+            + _footer(_source("summary_learner_group", record)))
+
+
+def table_group_updates() -> str:
+    """A learner group's update ceiling, update only (bench.group_updates)."""
+    record = _record("summary_group_updates")
+    settings, runs = record["settings"], record["results"]["runs"]
+    lines = ["| net | ranks | samples/s per rank | group samples/s | all-reduce share of an "
+             "update | vs 1 rank |", "|---|---|---|---|---|---|"]
+    for r in runs:
+        if "samples_per_s_group" not in r:
+            lines.append(f"| {r['net']} | {r['ranks']} | - | - | - | "
+                         f"{r.get('skipped') or r.get('error')} |")
+            continue
+        single = next((x for x in runs if x["net"] == r["net"] and x["ranks"] == 1
+                       and "samples_per_s_group" in x), None)
+        scale = (f"{r['samples_per_s_group'] / single['samples_per_s_group']:.2f}x"
+                 if single else "-")
+        share = r["allreduce_seconds_per_update"] / max(r["update_seconds"], 1e-12)
+        each = " / ".join(f"{v:,.0f}" for v in r["samples_per_s_per_rank"])
+        lines.append(f"| {r['net']} | {r['ranks']} | {each} | {r['samples_per_s_group']:,.0f} "
+                     f"| {share:.0%} | {scale} |")
+    text = (f"\n{settings['device']}, {settings['envs']} envs x {settings['steps']} steps per "
+            "rank's batch, 4 epochs x 4 minibatches; mlp: Humanoid-v5's spaces and the "
+            "64x64 MLP; cnn: 4 x 84 x 84 frames and the built-in CNN.\n")
+    return "\n".join(lines) + "\n" + text + _footer(_source("summary_group_updates", record))
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "headline": table_headline,
     "solve": table_solve,
@@ -344,6 +419,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "make-bench": table_make_bench,
     "soak": table_soak,
     "reliability": table_reliability,
+    "learner-group": table_learner_group,
+    "group-updates": table_group_updates,
 }
 
 

@@ -1,10 +1,12 @@
 """The benchmarks that build fragments, batches or streams by hand still run against the
 product as it is: each drifted silently once (a new Fragment field, a recurrent-only
 batch field) and was found broken weeks later, when `make bench` or bench/gpu_check.sh
-was next run. Their --quick forms are smoke runs: exit codes only, never a figure."""
+was next run. Their --quick forms are smoke runs: exit codes only, never a figure. The
+learner group benchmark reads a group run's summary, whose fields may change the same way."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -17,6 +19,21 @@ from tests.helpers import ROOT
 def test_the_hand_built_benchmarks_run() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--only", "transport", "pipelining",
-         "learner_scale"], cwd=ROOT, capture_output=True, text=True, timeout=900,
-        stdin=subprocess.DEVNULL)
+         "learner_scale", "group_updates"], cwd=ROOT, capture_output=True, text=True,
+        timeout=900, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_the_learner_group_benchmark_runs() -> None:
+    # One rank and a 2-rank group on HalfCheetah, a few updates each: the runs finish
+    # and the record holds the group's figures (their values are the full form's job).
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.learner_group", "--quick", "--total-steps", "20480"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    record = json.loads((ROOT / "bench/results/learner_group-quick.json").read_text())
+    runs = {r["learners"]: r for r in record["results"]["runs"]}
+    assert runs[1]["ok"] and runs[2]["ok"], runs
+    assert {"allreduce_seconds_per_update", "weights_identical"} <= set(runs[2])
+    assert "two_ranks_within_one_rank_spread" in record["results"]["summary"]
