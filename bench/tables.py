@@ -234,6 +234,22 @@ def table_headline() -> str:
                 "| [frames](bench/results/summary_frames.json) |")
     sources.append(_source("summary_frames", _record("summary_frames")))
 
+    group = _record("summary_learner_group")
+    by_count = {r["learners"]: r for r in group["results"]["runs"] if r["ok"]}
+    summary = group["results"]["summary"]
+    one, two = summary["L1"]["final_return"], summary["L2"]["final_return"]
+    identical = all(r["weights_identical"] for r in group["results"]["runs"]
+                    if r["learners"] > 1)
+    if 2 in by_count:
+        rows.append(
+            f"| A learner group: HalfCheetah-v5 at 1M steps on 2 ranks (`--learners 2`, "
+            f"gloo) against 1, seeds 1-3 | finals {two['min']:,.0f}-{two['max']:,.0f} "
+            f"against {one['min']:,.0f}-{one['max']:,.0f}; weights identical on both ranks: "
+            f"{'yes' if identical else 'no'}; all-reduces "
+            f"{summary['L2']['allreduce_share_of_update']['median']:.0%} of an update on "
+            "this CPU | [learner_group](bench/results/summary_learner_group.json) |")
+        sources.append(_source("summary_learner_group", group))
+
     header = ["| what | measured on a 2-core CPU machine | record |", "|---|---|---|"]
     return "\n".join(header + rows) + "\n" + _footer(*sources)
 
