@@ -181,8 +181,8 @@ class Learner:
         self.books.summary_extras = self._summary_extras
         if self.tally is not None:
             tally = self.tally
-            self.books.verdict_note = lambda: lockstep_note(
-                tally.lockstep_shares(), tally.rank_wait_seconds, self._rank_workers)
+            self.books.verdict_note = lambda: lockstep_note(tally.lockstep_shares(),
+                                                            self._rank_workers)
         if resumed is not None:
             path, step, totals = resumed
             if self.tally is not None:

@@ -66,20 +66,19 @@ def judge(
     return dataclasses.replace(verdict, stalled_seconds=stall, text=f"{verdict.text}; {note}")
 
 
-def lockstep_note(lockstep_shares: list[float], own_wait_seconds: list[float],
-                  rank_workers: list[int]) -> str | None:
+def lockstep_note(lockstep_shares: list[float], rank_workers: list[int]) -> str | None:
     """What a learner group lost to lockstep, when some rank spent LOCKSTEP_WASTE or more
     of its time waiting in the turn for slower ranks: which rank held the group back
-    (the one that waited longest for its own batch) and what evens it out; None when
-    the ranks kept pace."""
+    (the one that waited least in the turns: the others waited for it) and what evens
+    it out; None when the ranks kept pace."""
     if len(lockstep_shares) < 2 or max(lockstep_shares) < LOCKSTEP_WASTE:
         return None
     waiting = max(range(len(lockstep_shares)), key=lambda r: lockstep_shares[r])
-    slow = max(range(len(own_wait_seconds)), key=lambda r: own_wait_seconds[r])
+    slow = min(range(len(lockstep_shares)), key=lambda r: lockstep_shares[r])
     return (f"lockstep cost: rank {waiting} waited {lockstep_shares[waiting]:.0%} of its time "
-            f"for slower ranks, mostly rank {slow} ({rank_workers[slow]} workers, the "
-            "longest wait for its own batch); even out the workers per rank (hosts of one "
-            "speed, workers a multiple of the ranks) or train on fewer ranks")
+            f"for slower ranks, most for rank {slow} ({rank_workers[slow]} workers, the last "
+            "to its turns); even out the workers per rank (hosts of one speed, workers a "
+            "multiple of the ranks) or train on fewer ranks")
 
 
 def _share(waited: float, busy: float) -> float:

@@ -27,9 +27,9 @@ def test_a_stall_is_not_a_shortage() -> None:
 
 
 def test_a_learner_group_that_waits_on_a_slow_rank_says_which_and_what_evens_it_out() -> None:
-    note = lockstep_note([0.35, 0.02], [1.0, 30.0], [3, 1])
+    note = lockstep_note([0.35, 0.02, 0.30], [3, 1, 3])
     assert note is not None
     assert note.startswith("lockstep cost: rank 0 waited 35% of its time for slower ranks")
-    assert "mostly rank 1 (1 workers" in note and "even out the workers per rank" in note
-    assert lockstep_note([0.1, 0.05], [1.0, 2.0], [2, 2]) is None  # the ranks kept pace
-    assert lockstep_note([0.9], [1.0], [2]) is None  # one rank: no lockstep
+    assert "most for rank 1 (1 workers" in note and "even out the workers per rank" in note
+    assert lockstep_note([0.1, 0.05], [2, 2]) is None  # the ranks kept pace
+    assert lockstep_note([0.9], [2]) is None  # one rank: no lockstep
