@@ -537,8 +537,7 @@ def _watch(workers: Supervisor, learners: list[Child], finishing: Path, grace: f
 
     while True:
         codes = [learner.exit_code() for learner in learners]
-        failed = next(((c, code) for c, code in zip(learners, codes, strict=True)
-                       if code not in (None, EXIT_OK)), None)
+        failed = _first_cause(learners, codes)
         if failed is not None or all(code is not None for code in codes):
             break
         workers.poll(may_restart=training)
@@ -556,6 +555,15 @@ def _watch(workers: Supervisor, learners: list[Child], finishing: Path, grace: f
                                                    if len(learners) > 1 else ""))
     workers.finish(grace)
     return EXIT_OK
+
+
+def _first_cause(learners: list[Child], codes: list[int | None]
+                 ) -> tuple[Child, int] | None:
+    """The failed learner rank to blame: one killed by a signal before one that exited
+    with an error, since the others of a group exit with an error because it died."""
+    failed = [(child, code) for child, code in zip(learners, codes, strict=True)
+              if code is not None and code != EXIT_OK]
+    return min(failed, key=lambda failure: failure[1] >= 0, default=None)
 
 
 def _group_rendezvous(run_dir: Path, learners: int) -> str:

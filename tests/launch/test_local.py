@@ -293,7 +293,7 @@ def test_no_worker_is_restarted_once_the_learner_is_finishing(tmp_path: Path) ->
     learner = python("learner", f"import pathlib, time; pathlib.Path({str(finishing)!r}).touch()"
                                 "; time.sleep(1.0)")
     started = time.monotonic()
-    code = _watch(workers, learner, finishing, grace=5.0)
+    code = _watch(workers, [learner], finishing, grace=5.0)
     assert code == 0
     assert spawned == [0, 1]  # nothing restarted
     assert dying.exit_code() == 5 and deaf.exit_code() is not None
@@ -346,3 +346,14 @@ def test_hetrl_is_one_importable_namespace() -> None:
     assert run_local is launch_run_local and RunResult.__name__ == "RunResult"
     assert {"protos", "rollout", "learner", "launch"} <= {
         p.name for p in Path(hetrl.__file__).parent.iterdir() if (p / "__init__.py").exists()}
+
+
+def test_a_group_failure_blames_the_rank_killed_by_a_signal() -> None:
+    """When one rank is killed, the others exit with an error because of it: the launcher
+    names the killed one, whichever rank it is."""
+    from hetrl.launch.local import _first_cause
+
+    ranks = ["learner-rank0", "learner-rank1", "learner-rank2"]
+    assert _first_cause(ranks, [1, -9, None]) == ("learner-rank1", -9)  # type: ignore[arg-type]
+    assert _first_cause(ranks, [None, 3, 1]) == ("learner-rank1", 3)  # type: ignore[arg-type]
+    assert _first_cause(ranks, [0, None, None]) is None  # type: ignore[arg-type]
