@@ -8,7 +8,8 @@ writes quick-summary.json, which git ignores) and printed.
 Not in the suite: bench.learning (1M env steps per env and seed: hours),
 bench.lag (30 CartPole runs under injected policy lag: about 40 minutes),
 bench.learner_group (6 HalfCheetah runs of 1M steps, 1 and 2 learner ranks: about 20
-minutes) and bench.versus_cleanrl (needs a copy of CleanRL's script); run them on their own.
+minutes), bench.atari_record (Pong to 2.5M steps: hours on 2 cores, over several
+sittings) and bench.versus_cleanrl (needs a copy of CleanRL's script); run them on their own.
 Exit status: non-zero if any benchmark failed to run (a missed target is reported,
 not treated as a failure: the figures are what matter).
 """

@@ -37,3 +37,26 @@ def test_the_learner_group_benchmark_runs() -> None:
     assert runs[1]["ok"] and runs[2]["ok"], runs
     assert {"allreduce_seconds_per_update", "weights_identical"} <= set(runs[2])
     assert "two_ranks_within_one_rank_spread" in record["results"]["summary"]
+
+
+@pytest.mark.slow
+def test_the_atari_record_benchmark_runs_and_records_its_sitting() -> None:
+    # The Pong record spans sittings on 2 cores; its --quick form runs the same command
+    # to 4,096 steps: the record counts the sitting, and a second call, the run being
+    # finished, runs nothing more.
+    pytest.importorskip("ale_py")
+    import shutil
+
+    runs = ROOT / "bench/results/runs"
+    for stale in runs.glob("atari-ALE-Pong-v5-seed1-quick*"):
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-m", "bench.atari_record", "--quick"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        record = json.loads((ROOT / "bench/results/atari_record-quick.json").read_text())
+        result = record["results"]
+        assert result["finished"] and result["global_step"] == 4096, result
+        assert [s["exit_code"] for s in result["sittings"]] == [0], result["sittings"]
+        assert result["sittings"][0]["step_at_end"] == 4096

@@ -1,0 +1,231 @@
+"""Atari learning record: `hetrl local --env ALE/Pong-v5 --total-steps 2500000` with no
+other flag (the atari preset: the standard Atari pipeline and the Nature CNN), seed 1,
+against CleanRL's ppo_atari on Pong.
+
+The job runs as the user would start it, in a child process, into
+bench/results/runs/atari-<env>-seed<N>. On 2 cores it takes hours, more than one sitting:
+stop this command (Ctrl-C or SIGTERM; the job writes a checkpoint as it stops) and run it
+again, and it continues the run with `--resume`. Each sitting is recorded: when, the
+commit, its wall seconds and the cores other processes kept busy meanwhile.
+`--record-only` runs nothing and records the run's directory as it stands (an unfinished
+run says so). Reported: the mean game score of the last 100 whole games (unclipped,
+as the learner reports them) over env steps and wall time, the first step at which it
+reached 0, 15 and 20, and the target (a mean score >= 15 at the end).
+
+Reference: CleanRL's ppo_atari.py on PongNoFrameskip-v4, 10M frames (2.5M agent steps),
+3 seeds: 20.36 ± 0.20 (vwxyzjn/cleanrl docs/rl-algorithms/ppo.md). It plays the v4 env
+(no sticky actions) on 8 synchronous envs; ALE/Pong-v5 repeats the previous action with
+probability 0.25, which makes it harder.
+Run: `python -m bench.atari_record [--record-only] [--quick]`; record
+bench/results/summary_atari.json, curve bench/results/atari-<env>.png.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import tyro
+
+from bench import common
+
+CLEANRL_PONG = (20.36, 0.20)
+"""CleanRL ppo_atari.py, PongNoFrameskip-v4, 10M frames: mean ± std over 3 seeds."""
+MILESTONES = (0.0, 15.0, 20.0)
+CURVE_POINTS = 200
+
+
+@dataclasses.dataclass
+class Settings:
+    """A long Atari run with the defaults, resumable across sittings, and its record."""
+
+    env: str = "ALE/Pong-v5"
+    """The Atari game (an ALE id)."""
+    seed: int = 1
+    total_steps: int = 2_500_000
+    """Agent steps (4 frames each): 2.5M is CleanRL's 10M frames."""
+    target: float = 15.0
+    """Mean score of the last 100 games the run must reach by the end."""
+    record_only: bool = False
+    """Run nothing: record the run's directory as it stands."""
+    quick: bool = False
+    """A 4,096-step smoke run into its own directory (record atari_record-quick.json)."""
+
+
+def run_dir(s: Settings) -> Path:
+    name = f"atari-{s.env.replace('/', '-')}-seed{s.seed}" + ("-quick" if s.quick else "")
+    return common.RESULTS / "runs" / name
+
+
+def _finished(out: Path) -> bool:
+    summary = out / "summary.json"
+    return summary.exists() and json.loads(summary.read_text()).get("outcome") == "finished"
+
+
+def sit(s: Settings, out: Path, save: Any) -> dict[str, Any]:
+    """One sitting: start the run, or continue it; return what the sitting did, also
+    handed to `save` every minute (so a sitting cut short by a kill is still counted)."""
+    resume = (out / "settings.json").exists()
+    command = [sys.executable, "-m", "hetrl.launch", "local", "--env", s.env,
+               "--total-steps", str(s.total_steps), "--seed", str(s.seed), "--out", str(out),
+               "--no-progress"] + (["--resume"] if resume else [])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sitting: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               "commit": common.git_commit(), "resumed": resume,
+                               "step_at_start": _last_step(out)}
+    print("$ hetrl " + " ".join(command[3:]), flush=True)
+    with (out.parent / f"{out.name}.log").open("a") as log:
+        proc = subprocess.Popen(command, cwd=common.ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                start_new_session=True)
+    machine_busy, started = _machine_busy(), time.monotonic()
+    ours: dict[int, float] = {}  # CPU seconds of each process of the job, last seen
+
+    def stop(signum: int, _frame: Any) -> None:  # the job checkpoints as it stops
+        proc.send_signal(signal.SIGTERM)
+
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def books() -> None:
+        elapsed = time.monotonic() - started
+        foreign = (_machine_busy() - machine_busy - sum(ours.values())) / max(elapsed, 1e-9)
+        sitting.update(wall_s=round(elapsed, 1), exit_code=proc.returncode,
+                       step_at_end=_last_step(out),
+                       job_cores=round(sum(ours.values()) / max(elapsed, 1e-9), 2),
+                       foreign_cores=round(max(foreign, 0.0), 2))
+        save(sitting)
+
+    try:
+        while proc.poll() is None:
+            _job_cpu(proc.pid, ours)
+            if time.monotonic() - started > 60 * (1 + int(sitting.get("wall_s", 0) // 60)):
+                books()
+            time.sleep(5.0)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    books()
+    code = proc.returncode
+    print(f"sitting ended (exit {code}) at step {sitting['step_at_end']:,} after "
+          f"{sitting['wall_s']:,.0f} s", flush=True)
+    return sitting
+
+
+def _machine_busy() -> float:
+    """CPU seconds the whole machine has been busy since boot."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def _job_cpu(pid: int, seen: dict[int, float]) -> None:
+    """Note the CPU seconds of the job's process tree (a process that has exited keeps the
+    figure last seen: its last seconds are missed, at most a sampling interval's)."""
+    try:
+        tree = [psutil.Process(pid)]
+        tree += tree[0].children(recursive=True)
+    except psutil.Error:
+        return
+    for process in tree:
+        try:
+            cpu = process.cpu_times()
+        except psutil.Error:
+            continue
+        seen[process.pid] = cpu.user + cpu.system
+
+
+def _rows(out: Path) -> list[dict[str, Any]]:
+    metrics = out / "metrics.jsonl"
+    if not metrics.exists():
+        return []
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def _last_step(out: Path) -> int:
+    rows = _rows(out)
+    return int(rows[-1]["global_step"]) if rows else 0
+
+
+def record(s: Settings, out: Path, sittings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's record from its directory: score curve, milestones, time, sittings."""
+    rows = _rows(out)
+    curve = [(int(r["global_step"]), float(r["charts/mean_return_100"]),
+              float(r["wall_seconds"])) for r in rows if "charts/mean_return_100" in r]
+    stride = max(1, len(curve) // CURVE_POINTS)
+    sampled = curve[::stride] + ([curve[-1]] if curve and (len(curve) - 1) % stride else [])
+    summary = json.loads((out / "summary.json").read_text()) \
+        if (out / "summary.json").exists() else {}
+    final = curve[-1][1] if curve else None
+    best = max(curve, key=lambda point: point[1]) if curve else None
+    first = {f"{m:g}": next(({"step": p[0], "wall_s": p[2]} for p in curve if p[1] >= m),
+                            None) for m in MILESTONES}
+    step = int(rows[-1]["global_step"]) if rows else 0
+    return {"env": s.env, "seed": s.seed, "total_steps": s.total_steps,
+            "frames": 4 * step, "global_step": step,
+            "finished": _finished(out) and step >= s.total_steps,
+            "final_mean_score_100": final,
+            "best_mean_score_100": None if best is None else {"score": best[1], "step": best[0]},
+            "first_reached": first,
+            "target": s.target,
+            "target_met": final is not None and final >= s.target,
+            "learner_wall_s": float(rows[-1]["wall_seconds"]) if rows else None,
+            "sittings_wall_s": round(sum(x.get("wall_s") or 0 for x in sittings), 1),
+            "episodes": summary.get("episodes"),
+            "worker_restarts": summary.get("worker_restarts"),
+            "outcome": summary.get("outcome"),
+            "cleanrl_ppo_atari_pong_10M_frames": list(CLEANRL_PONG),
+            "sittings": sittings,
+            "curve": [[p[0], round(p[1], 2), round(p[2], 1)] for p in sampled]}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    s = tyro.cli(Settings, args=argv, description=__doc__)
+    if s.quick:
+        s = dataclasses.replace(s, total_steps=4096)
+    out = run_dir(s)
+    sittings_path = out.parent / f"{out.name}.sittings.json"
+    sittings = json.loads(sittings_path.read_text()) if sittings_path.exists() else []
+    if not s.record_only and not _finished(out):
+        def save(sitting: dict[str, Any]) -> None:
+            sittings_path.write_text(json.dumps([*sittings, sitting], indent=2))
+
+        sittings.append(sit(s, out, save))
+    result = record(s, out, sittings)
+    def shown(value: Any, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    reached = result["first_reached"]["15"]
+    common.print_table(
+        f"{s.env} with the defaults, seed {s.seed}: mean score of the last 100 games",
+        ["env steps", "frames", "final score", "best", "reached 15 at step", "learner wall s",
+         "sittings", "finished", f">= {s.target:g}"],
+        [[f"{result['global_step']:,}", f"{result['frames']:,}",
+          shown(result["final_mean_score_100"], ".1f"),
+          shown((result["best_mean_score_100"] or {}).get("score"), ".1f"),
+          shown(reached and reached["step"], ","), shown(result["learner_wall_s"], ",.0f"),
+          len(sittings), result["finished"], result["target_met"]]])
+    common.write_json("summary_atari" if not s.quick else "atari_record", s, result)
+
+    def draw(plt) -> None:
+        plt.plot([p[0] for p in result["curve"]], [p[1] for p in result["curve"]],
+                 label=f"hetrl {s.env} seed {s.seed}")
+        mean, std = CLEANRL_PONG
+        plt.axhspan(mean - std, mean + std, alpha=0.2, color="grey",
+                    label="CleanRL ppo_atari Pong at 10M frames")
+        plt.axhline(s.target, linestyle=":", color="grey", label=f"target {s.target:g}")
+        plt.xlabel("agent steps (4 frames each)")
+        plt.ylabel("mean score, last 100 games")
+        plt.legend(fontsize=7)
+
+    common.plot(f"atari-{s.env.replace('/', '-')}" + ("-quick" if s.quick else ""), draw)
+    return result
+
+
+if __name__ == "__main__":
+    main()
