@@ -1,11 +1,12 @@
 """The reliability tests, run as a record: what each fault test measured, in one file.
 
 Runs `pytest tests/reliability` (every fault scenario of docs/reliability.md: real
-processes, real gRPC, kills, freezes, links taken down) with HETRL_RELIABILITY_RECORD
-set, so that each test's `measured(...)` sentence is written down with its test id
-(tests/reliability/conftest.py), and the load other processes put on the machine
-meanwhile. Record bench/results/summary_reliability.json; `python -m bench.tables`
-writes docs/reliability.md's "measured" table from it. A test that fails or is skipped
+processes, real gRPC, kills, freezes, links taken down) and every other test that page
+cites (`cited_tests`), with HETRL_RELIABILITY_RECORD set, so that each test's
+`measured(...)` sentence is written down with its test id (tests/conftest.py), and the
+load other processes put on the machine meanwhile. Record
+bench/results/summary_reliability.json; `python -m bench.tables` writes
+docs/reliability.md's "measured" table from it. A test that fails or is skipped
 is recorded as such, with nothing measured.
 Run: `python -m bench.reliability [-k EXPR]` (about 10 minutes on 2 cores).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,11 +39,21 @@ class Settings:
     written as summary_reliability-partial.json, never over the full one)."""
 
 
+CITED = re.compile(r"`(tests/[\w/]+\.py(?:::\w+)?)`")
+
+
+def cited_tests() -> list[str]:
+    """The tests docs/reliability.md cites outside tests/reliability, as pytest ids."""
+    page = (common.ROOT / "docs" / "reliability.md").read_text()
+    return sorted({test for test in CITED.findall(page)
+                   if not test.startswith("tests/reliability/")})
+
+
 def run_tests(k: str) -> dict:
     """Run the reliability tests; return the record's results."""
     with tempfile.TemporaryDirectory() as tmp:
         sentences, report = Path(tmp) / "measured.jsonl", Path(tmp) / "outcomes.jsonl"
-        command = [sys.executable, "-m", "pytest", "tests/reliability", "-q",
+        command = [sys.executable, "-m", "pytest", "tests/reliability", *cited_tests(), "-q",
                    "-p", "no:cacheprovider", "-p", "bench.reliability",
                    *(["-k", k] if k else [])]
         env = dict(os.environ, **{RECORD_ENV: str(sentences), OUTCOMES_ENV: str(report)})

@@ -66,3 +66,22 @@ def test_the_readme_is_a_front_page_whose_links_exist() -> None:
     for target in re.findall(r"\]\(([^)#]+)\)", text):
         if not target.startswith("http"):
             assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+
+
+def test_every_test_the_reliability_page_cites_exists() -> None:
+    # The page's test column is what bench.reliability runs and records: a renamed test
+    # would leave a scenario with no evidence (pytest would only say "not found").
+    from bench.reliability import CITED
+
+    page = (ROOT / "docs" / "reliability.md").read_text()
+    cited = {f"tests/reliability/{t}" if not t.startswith("tests/") else t
+             for t in re.findall(r"`((?:tests/[\w/]+/)?test_\w+\.py(?:::\w+)?)`", page)}
+    assert len(cited) > 40 and set(CITED.findall(page)) <= cited
+    missing = []
+    for test in sorted(cited):
+        file, _, name = test.partition("::")
+        path = ROOT / file
+        if not path.exists() or (name and not re.search(rf"^def {name}\(", path.read_text(),
+                                                         re.M)):
+            missing.append(test)
+    assert not missing, missing

@@ -49,7 +49,7 @@ def test_emulated_cluster_solves_cartpole(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_killed_learner_host_ends_every_env_host(tmp_path: Path) -> None:
+def test_killed_learner_host_ends_every_env_host(measured, tmp_path: Path) -> None:
     settings = EmulateSettings(env_hosts=2, total_steps=100_000_000, loss_timeout=4.0,
                                out=str(tmp_path / "k"), progress=False)
     cluster = start_hosts(settings)
@@ -70,12 +70,13 @@ def test_killed_learner_host_ends_every_env_host(tmp_path: Path) -> None:
         assert "learner gone for" in result.failures[host]
     # Detected within the loss timeout plus the supervisor's 0.5 s poll and shutdown.
     assert elapsed < settings.loss_timeout + 10, elapsed
-    print(f"env hosts exited {elapsed:.1f} s after the learner host was killed "
+    measured(f"env hosts exited {elapsed:.1f} s after the learner host was killed "
           f"(loss_timeout {settings.loss_timeout} s)")
 
 
 @pytest.mark.slow
-def test_sigterm_everywhere_checkpoints_and_a_new_run_resumes(tmp_path: Path) -> None:
+def test_sigterm_everywhere_checkpoints_and_a_new_run_resumes(measured, tmp_path: Path
+                                                              ) -> None:
     settings = EmulateSettings(env_hosts=1, workers_per_env_host=2, total_steps=100_000_000,
                                stop_budget=30.0, out=str(tmp_path / "t"), progress=False)
     cluster = start_hosts(settings)
@@ -97,7 +98,7 @@ def test_sigterm_everywhere_checkpoints_and_a_new_run_resumes(tmp_path: Path) ->
     stopped_at = json.loads(
         (cluster.root / "hosts" / cluster.learner / "model" / "summary.json").read_text()
     )["global_step"]
-    print(f"all hosts exited {elapsed:.1f} s after SIGTERM; checkpoint at step {stopped_at}")
+    measured(f"all hosts exited {elapsed:.1f} s after SIGTERM; checkpoint at step {stopped_at}")
 
     # The restarted job (same trees, as a spot restart keeps the checkpoint dir) resumes.
     again = run_emulated(EmulateSettings(env_hosts=1, total_steps=stopped_at + 4096,
@@ -142,7 +143,8 @@ def test_an_emulated_job_runs_central_inference(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_learner_hosts_own_workers_are_restarted_like_every_hosts(tmp_path: Path) -> None:
+def test_the_learner_hosts_own_workers_are_restarted_like_every_hosts(measured, tmp_path: Path
+                                                                     ) -> None:
     """Workers on the learner host follow the same restart rules as an env host's: a
     leaky simulator that ends its worker every ~1,000 env steps does not end the job."""
     out = tmp_path / "leaky"
@@ -155,3 +157,7 @@ def test_the_learner_hosts_own_workers_are_restarted_like_every_hosts(tmp_path: 
     learner_lines = [line for line in output.splitlines() if line.startswith("[algo-2")]
     assert any("local-worker-0 exited with code 9" in line and "restarting it" in line
                for line in learner_lines), "\n".join(learner_lines[-30:])
+    restarts = sum("local-worker-0 exited" in line and "restarting it" in line
+                   for line in learner_lines)
+    measured(f"the learner host's own worker died {restarts} times in 20,000 steps and was "
+             "restarted each time; the job finished (exit 0)")

@@ -86,7 +86,7 @@ def _submit_settings(**overrides) -> SubmitSettings:
 
 @pytest.mark.slow
 def test_sigterm_to_pid_1_of_every_host_checkpoints_and_every_host_exits_0(
-        tmp_path: Path, aws_offline) -> None:
+        measured, tmp_path: Path, aws_offline) -> None:
     pytest.importorskip("sagemaker.train")
     refused = _namespaces_refused()
     if refused:
@@ -155,5 +155,5 @@ def test_sigterm_to_pid_1_of_every_host_checkpoints_and_every_host_exits_0(
     kept = learner_tree / "output" / "data" / cluster.learner
     assert "checkpoint" in (kept / "learner.log").read_text()
     assert elapsed < SAGEMAKER_STOP_WINDOW / 2, elapsed
-    print(f"\nSIGTERM to PID 1 of {len(pid_1)} hosts: final checkpoint at step "
+    measured(f"SIGTERM to PID 1 of {len(pid_1)} hosts: final checkpoint at step "
           f"{summary['global_step']}, every host exited 0 after {elapsed:.1f} s")

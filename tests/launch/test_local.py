@@ -202,14 +202,18 @@ def test_a_run_says_where_its_time_went(tmp_path: Path) -> None:
     assert first.startswith("finished in ") and "start-up" in first and "training" in first
 
 
-def test_crashing_worker_stops_everything(tmp_path: Path) -> None:
+def test_crashing_worker_stops_everything(measured, tmp_path: Path) -> None:
     out = tmp_path / "crash"
     proc = hetrl("local", "--env", "tests.fixtures.envs:CrashAfter", "--total-steps", "10000000",
                  "--out", str(out), env={"HETRL_TEST_CRASH_AFTER": "300"})
     output, _ = proc.communicate(timeout=120)
+    exited = time.monotonic()
     assert proc.returncode == 1, output
     assert "simulator exploded" in output  # the worker's traceback reaches the user
     wait_for(lambda: processes_mentioning(str(out)) == [], timeout=30, what="children to exit")
+    measured("an env failing every step after 300: the run ended (exit 1) with the env's "
+             f"traceback; no process of the run left {time.monotonic() - exited:.1f} s after "
+             "the launcher exited")
 
 
 def test_killed_learner_stops_everything(tmp_path: Path) -> None:

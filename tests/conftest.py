@@ -1,9 +1,11 @@
 """What each fault test measured, as a record: the `measured` fixture.
 
-`python -m bench.reliability` runs these tests with HETRL_RELIABILITY_RECORD naming a
-file; every sentence a test passes to `measured` is appended there under the test's id,
-and the benchmark turns the file into bench/results/summary_reliability.json, from which
-`python -m bench.tables` writes docs/reliability.md's table of measured figures.
+`python -m bench.reliability` runs the fault tests (tests/reliability and every test
+docs/reliability.md cites elsewhere) with HETRL_RELIABILITY_RECORD naming a file; every
+sentence a test passes to `measured` is appended there under the test's id, and the
+benchmark turns the file into bench/results/summary_reliability.json, from which
+`python -m bench.tables` writes docs/reliability.md's table of measured figures. A
+figure a test finds is said through `measured`, never printed: a printed one has no record.
 """
 
 from __future__ import annotations
