@@ -544,15 +544,17 @@ def _watch(workers: Supervisor, learners: list[Child], finishing: Path, grace: f
         time.sleep(0.1)
     if failed is not None:
         child, code = failed
-        name = "the learner" if len(learners) == 1 else f"the {child.name}"
+        group = len(learners) > 1
+        name = f"learner rank {learners.index(child)} ({child.name})" if group else "the learner"
         assert code is not None
         if code < 0:
             raise _LearnerFailed(f"{name} was killed by {signal.Signals(-code).name} "
-                                 "(out of memory, or someone's kill?); its last checkpoint "
-                                 "stands")
+                                 "(out of memory, or someone's kill?); " + (
+                                     "the other ranks checkpoint the last whole update"
+                                     if group else "its last checkpoint stands"))
         raise _LearnerFailed(f"{name} exited with code {code}; its error is the last "
                              "ERROR line above" + (f" (or in launch/logs/{child.name}.log)"
-                                                   if len(learners) > 1 else ""))
+                                                   if group else ""))
     workers.finish(grace)
     return EXIT_OK
 

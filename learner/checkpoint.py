@@ -5,9 +5,12 @@ optimizer state dict, step counters), loaded only with `weights_only=True`, so l
 one can never run code. Writing goes to a temporary file that is fsynced and renamed,
 then the directory is fsynced, so a crash leaves either the old or the new checkpoint,
 never half of one. A corrupt newest checkpoint makes `load_latest` fall back to the
-previous one with a warning. `write_atomic` is the same discipline for any output
-file: on a failure (a full disk) it removes its temporary file and raises OutputError
-naming the directory, the bytes needed and the bytes free. No training logic here.
+previous one with a warning. A learner group's surviving ranks write their own into
+`rescue-rank<N>/` beside rank 0's when the group breaks (rank 0 may be the one that
+died); `load_newest` resumes from whichever holds the most steps. `write_atomic` is the
+same discipline for any output file: on a failure (a full disk) it removes its temporary
+file and raises OutputError naming the directory, the bytes needed and the bytes free.
+No training logic here.
 """
 
 from __future__ import annotations
@@ -48,6 +51,14 @@ def checkpoints(directory: Path) -> list[Path]:
             found.append((int(match.group(1)), path))
     found.sort(key=lambda step_path: step_path[0], reverse=True)
     return [path for _, path in found]
+
+
+RESCUE_GLOB = "rescue-rank*"
+"""Folders in the checkpoint directory where a broken group's surviving ranks write."""
+
+
+def rescue_dir(directory: Path, rank: int) -> Path:
+    return directory / f"rescue-rank{rank}"
 
 
 def _free_bytes(directory: Path) -> int | None:
@@ -112,3 +123,12 @@ def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
             continue
         return path, state
     return None
+
+
+def load_newest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The run's newest loadable checkpoint: `directory`'s own, or one a surviving rank
+    of a broken learner group rescued into it; the most steps win, `directory`'s own
+    on a tie (its rank 0 outlived the break)."""
+    found = [load_latest(d) for d in [directory, *sorted(directory.glob(RESCUE_GLOB))]]
+    return max((f for f in found if f is not None),
+               key=lambda f: int(f[1].get("global_step", 0)), default=None)

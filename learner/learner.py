@@ -31,7 +31,7 @@ from safetensors.numpy import save as safetensors_bytes
 
 from hetrl.learner.batcher import Batcher, ReadyBatch
 from hetrl.learner.best import BestPolicy
-from hetrl.learner.checkpoint import load_latest, save_checkpoint, write_atomic
+from hetrl.learner.checkpoint import load_newest, rescue_dir, save_checkpoint, write_atomic
 from hetrl.learner.connections import (
     StreamSpec,
     StreamState,
@@ -283,7 +283,7 @@ class Learner:
     def _resume(self) -> tuple[str, int, dict] | None:
         """Load the newest checkpoint into the policy and optimizer; return its path, its
         global step and the run totals it carries (None if there is none)."""
-        found = load_latest(self.checkpoint_dir)
+        found = load_newest(self.checkpoint_dir)
         if found is None:
             log.info("no checkpoint in %s; starting fresh", self.checkpoint_dir)
             return None
@@ -327,9 +327,13 @@ class Learner:
 
     def checkpoint(self) -> Path | None:
         """Write a checkpoint of the policy, optimizer and counters now (a group: rank 0
-        writes it, with every rank's weights checksum, and the others nothing)."""
+        writes it, with every rank's weights checksum; once the group broke, every
+        surviving rank writes its own into rescue-rank<N>/, as rank 0 may have died)."""
+        directory = self.checkpoint_dir
         if not self.leader:
-            return None
+            if self.group is None or self.group.broken is None or not self.version:
+                return None
+            directory = rescue_dir(self.checkpoint_dir, self.group.rank)
         state = {
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -340,7 +344,7 @@ class Learner:
         }
         if self.group is not None:
             state["rank_weights_sha256"] = list(self._rank_checksums)
-        path = save_checkpoint(self.checkpoint_dir, self.global_step, state,
+        path = save_checkpoint(directory, self.global_step, state,
                                self.settings.keep_checkpoints)
         self._last_checkpoint = time.monotonic()
         return path
@@ -540,11 +544,16 @@ class Learner:
         goes on after a periodic failure (the model on disk is then the last one that
         fitted); a failure at the end makes the run's exit code 1."""
         failed = False
-        if not self.leader:  # a group's outputs are rank 0's
-            self._last_checkpoint = time.monotonic()
-            return failed
-        for what, write in (("model", self._save_model), ("checkpoint", self.checkpoint),
-                            ("best policy", self._save_best)):
+        outputs: tuple[tuple[str, Callable[[], Path | None]], ...] = (
+            ("model", self._save_model), ("checkpoint", self.checkpoint),
+            ("best policy", self._save_best))
+        if not self.leader:  # a group's outputs are rank 0's, but for a rescue
+            broken = self.group is not None and self.group.broken is not None
+            if periodic or not broken:
+                self._last_checkpoint = time.monotonic()
+                return failed
+            outputs = (("rescue checkpoint", self.checkpoint),)
+        for what, write in outputs:
             try:
                 try:
                     path = write()
@@ -590,13 +599,18 @@ class Learner:
             self.optimizer.param_groups[0]["lr"] = frac * s.learning_rate
         finite = False
         try:
+            # A group's update can break halfway (a rank dies in an all-reduce): the
+            # outputs must then hold the last whole version, Adam's moments included.
+            moments = ([t.clone() for t in optimizer_tensors(self.optimizer)]
+                       if self.group is not None else [])
             try:
                 device_stats = ppo_update_async(self.policy, self.optimizer, ready.batch, s,
                                                 self.group)
             except GroupError:
-                # A rank died inside the update: keep the last whole version's weights
-                # for the outputs (Adam's moments keep the steps already taken).
                 self.policy.load_state_dict(self._good_state)
+                for tensor, before in zip(optimizer_tensors(self.optimizer), moments,
+                                          strict=True):
+                    tensor.copy_(before)
                 raise
             self._between_turns = True
             floats = [p for p in self.policy.state_dict().values() if p.is_floating_point()]

@@ -13,7 +13,9 @@ import dataclasses
 import json
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -97,16 +99,15 @@ def test_an_emulated_learner_group_of_two_hosts_solves_cartpole(tmp_path: Path,
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_killed_learner_host_ends_the_group_and_every_env_host_resumable(
-        measured, tmp_path: Path) -> None:
-    settings = EmulateSettings(env="CartPole-v1", env_hosts=2, learner_count=2,
-                               total_steps=100_000_000, checkpoint_every=2.0,
-                               out=str(tmp_path / "k"), progress=False)
+def _kill_learner_host(settings: EmulateSettings, host: str, ready: Callable[[], bool]
+                       ) -> tuple[Any, float]:
+    """SIGKILL one learner host of an emulated group once `ready`; the job's result and
+    the seconds until every host had exited. The surviving learner host exits 1 and the
+    env hosts 0: the survivor stopped them, not their dead-man's switch."""
     cluster = start_hosts(settings)
     try:
-        checkpoints = cluster.root / "hosts" / "algo-2" / "checkpoints"
-        wait_for(lambda: any(checkpoints.glob("ckpt-*.pt")), 180, "a first checkpoint")
-        cluster.hosts["algo-3"].process.send_signal(signal.SIGKILL)  # rank 1's host
+        wait_for(ready, 180, f"the group to be ready for {host}'s kill")
+        cluster.hosts[host].process.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         wait_for(lambda: all(c.exit_code() is not None for c in cluster.hosts.values()), 120,
                  "every host to exit")
@@ -114,9 +115,21 @@ def test_a_killed_learner_host_ends_the_group_and_every_env_host_resumable(
     finally:
         stop_all(list(cluster.hosts.values()), 5.0)
     result = collect_result(cluster)
-    assert result.exit_codes["algo-2"] == 1, result.exit_codes
-    for host in cluster.env_hosts:  # stopped by rank 0's host, not by their dead-man's switch
-        assert result.exit_codes[host] == 0, (result.exit_codes, result.failures)
+    survivor = ({"algo-2", "algo-3"} - {host}).pop()
+    assert result.exit_codes[survivor] == 1, result.exit_codes
+    for env_host in cluster.env_hosts:
+        assert result.exit_codes[env_host] == 0, (result.exit_codes, result.failures)
+    return result, ended
+
+
+def test_a_killed_learner_host_ends_the_group_and_every_env_host_resumable(
+        measured, tmp_path: Path) -> None:
+    settings = EmulateSettings(env="CartPole-v1", env_hosts=2, learner_count=2,
+                               total_steps=100_000_000, checkpoint_every=2.0,
+                               out=str(tmp_path / "k"), progress=False)
+    checkpoints = tmp_path / "k" / "hosts" / "algo-2" / "checkpoints"
+    result, ended = _kill_learner_host(settings, "algo-3", lambda: any(
+        checkpoints.glob("ckpt-*.pt")))  # rank 1's host, past a first checkpoint
     summary = result.summary
     assert summary["outcome"].startswith("failed: the learner group broke"), summary["outcome"]
     stopped_at = summary["global_step"]
@@ -131,6 +144,31 @@ def test_a_killed_learner_host_ends_the_group_and_every_env_host_resumable(
     measured(f"rank 1's learner host killed: every host exited {ended:.1f} s later (rank 0's "
              f"host 1, env hosts 0), checkpoint at step {stopped_at:,}; the restarted job "
              f"resumed both ranks with identical weights")
+
+
+def test_a_killed_rank_0_host_leaves_a_rescue_checkpoint_the_job_resumes_from(
+        measured, tmp_path: Path) -> None:
+    # Rank 0's host is the one that writes checkpoints: lose it with none written yet,
+    # and rank 1's host must save the update, stop the env hosts, and the job resume.
+    settings = EmulateSettings(env="CartPole-v1", env_hosts=2, learner_count=2,
+                               total_steps=100_000_000, checkpoint_every=3600.0,
+                               out=str(tmp_path / "k"), progress=False)
+    metrics = tmp_path / "k" / "hosts" / "algo-2" / "model" / "metrics.jsonl"
+    result, ended = _kill_learner_host(settings, "algo-2", lambda: metrics.exists() and (
+        metrics.read_text().count("\n") >= 3))  # rank 0's host, a few updates in
+    checkpoints = tmp_path / "k" / "hosts" / "algo-2" / "checkpoints"
+    assert not list(checkpoints.glob("ckpt-*.pt"))
+    rescued = list((checkpoints / "rescue-rank1").glob("ckpt-*.pt"))
+    assert len(rescued) == 1
+    step_rescued = torch.load(rescued[0], weights_only=True)["global_step"]
+
+    again = run_emulated(dataclasses.replace(settings, total_steps=step_rescued + 8192))
+    assert again.exit_code == 0, (again.exit_codes, again.failures)
+    assert "rescue-rank1" in again.summary["resumed_from"], again.summary["resumed_from"]
+    assert again.summary["learner_group"]["weights_identical"]
+    measured(f"rank 0's learner host killed before any checkpoint: every host exited "
+             f"{ended:.1f} s later (rank 1's host 1, env hosts 0), rank 1 rescued step "
+             f"{step_rescued:,}; the restarted job resumed from it")
 
 
 def test_more_ranks_than_gpus_is_refused_before_anything_starts(tmp_path: Path) -> None:

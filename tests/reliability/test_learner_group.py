@@ -1,7 +1,9 @@
 """A learner group's faults on a real `hetrl local --learners 2` run: a rank SIGKILLed
 ends the group cleanly (rank 0 saves its model and a checkpoint, every worker stops,
 exit 1 with the cause) and `--resume` continues the whole group from that checkpoint;
-a SIGTERM stops every rank with a checkpoint and exit 0."""
+when rank 0 itself dies, the survivors rescue the last whole update into
+checkpoints/rescue-rank<N>/ and `--resume` continues from there; a SIGTERM stops every
+rank with a checkpoint and exit 0."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from tests.reliability.test_process_faults import start, step
 
 
 def rank_pid(out: Path, rank: int) -> int:
-    pids = processes_mentioning(str(out / "launch" / f"learner-rank{rank}.json"))
+    name = "learner" if rank == 0 else f"learner-rank{rank}"
+    pids = processes_mentioning(str(out / "launch" / f"{name}.json"))
     assert len(pids) == 1, pids
     return pids[0]
 
@@ -46,7 +49,7 @@ def test_a_killed_rank_ends_the_group_and_resume_continues_it(measured, tmp_path
     summary = json.loads((out / "summary.json").read_text())
     assert summary["outcome"].startswith("failed: the learner group broke"), summary["outcome"]
     assert "another rank died or stopped answering" in summary["outcome"]
-    assert "the learner-rank1 was killed by SIGKILL" in text
+    assert "learner rank 1 (learner-rank1) was killed by SIGKILL" in text
     assert summary["workers_not_stopped"] == []
     assert processes_mentioning(str(out)) == []  # no rank or worker left behind
     stopped_at = summary["global_step"]
@@ -63,6 +66,46 @@ def test_a_killed_rank_ends_the_group_and_resume_continues_it(measured, tmp_path
     measured(f"a SIGKILLed learner rank ended the group in {ended:.1f} s (exit 1, rank 0's "
              f"checkpoint at step {stopped_at:,}); --resume continued both ranks to "
              f"{resumed['global_step']:,} with identical weights")
+
+
+def test_when_rank_0_dies_the_survivors_checkpoint_and_resume_uses_it(measured, tmp_path: Path
+                                                                      ) -> None:
+    # Periodic checkpoints far apart: without the rescue, a resume would start over.
+    out = tmp_path / "run"
+    proc, log = start(out, "--env", "CartPole-v1", "--learners", "2", "--workers", "2",
+                      "--envs-per-worker", "4", "--total-steps", "100000000",
+                      "--checkpoint-every", "3600", "--no-report")
+    try:
+        wait_for(lambda: step(out) >= 10_000, 180, "training")
+        os.kill(rank_pid(out, 0), signal.SIGKILL)
+        code = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert code == 1, text[-3000:]
+    assert "learner rank 0 (learner) was killed by SIGKILL" in text
+    assert processes_mentioning(str(out)) == []
+    assert not list((out / "checkpoints").glob("ckpt-*.pt"))
+    rescued = list((out / "checkpoints" / "rescue-rank1").glob("ckpt-*.pt"))
+    assert len(rescued) == 1, text[-3000:]
+    state = torch.load(rescued[0], weights_only=True)
+    rank1 = json.loads((out / "ranks" / "rank1" / "summary.json").read_text())
+    assert rank1["outcome"].startswith("failed: the learner group broke"), rank1["outcome"]
+    assert state["global_step"] == rank1["global_step"] >= 10_000
+    assert state["policy_version"] == rank1["policy_version"]
+
+    more = state["global_step"] + 20_000
+    proc, log = start(out, "--resume", "--total-steps", str(more))
+    assert proc.wait(300) == 0, log.read_text()[-3000:]
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["outcome"] == "finished", resumed["outcome"]
+    assert "rescue-rank1" in resumed["resumed_from"], resumed["resumed_from"]
+    assert more <= resumed["global_step"] <= more + 4 * 4 * 64
+    assert resumed["learner_group"]["weights_identical"], resumed["learner_group"]
+    measured(f"rank 0 SIGKILLed at step {state['global_step']:,} with no periodic checkpoint: "
+             f"rank 1 rescued version {state['policy_version']} into rescue-rank1/; --resume "
+             f"continued both ranks from it to {resumed['global_step']:,}")
 
 
 def test_sigterm_stops_every_rank_with_a_checkpoint(measured, tmp_path: Path) -> None:
