@@ -123,6 +123,39 @@ def table_startup() -> str:
     return "\n".join(lines) + "\n" + _footer(_source("summary_startup", record))
 
 
+def table_atari() -> str:
+    """The Atari learning record (bench.atari_record): game score over a long run."""
+    record = _record("summary_atari")
+    r = record["results"]
+
+    def at(milestone: str) -> str:
+        reached = r["first_reached"].get(milestone)
+        return f"{reached['step']:,}" if reached else "not yet"
+
+    hours = (r["learner_wall_s"] or 0) / 3600
+    sittings = r["sittings"]
+    load = max((x.get("foreign_cores") or 0 for x in sittings), default=0)
+    best = r["best_mean_score_100"] or {}
+    final = r["final_mean_score_100"]
+    ref_mean, ref_std = r["cleanrl_ppo_atari_pong_10M_frames"]
+    lines = ["| env, seed | agent steps (frames) | mean score, last 100 games | best (at step) "
+             "| first reached 0 / 15 / 20 at step | training hours (sittings) "
+             "| CleanRL ppo_atari, Pong v4, 10M frames | >= 15 |",
+             "|---|---|---|---|---|---|---|---|",
+             f"| {r['env']}, {r['seed']} | {r['global_step']:,} of {r['total_steps']:,} "
+             f"({r['frames']:,}) | {'-' if final is None else f'{final:.1f}'} "
+             f"| {best.get('score', 0):.1f} ({best.get('step', 0):,}) "
+             f"| {at('0')} / {at('15')} / {at('20')} | {hours:.1f} ({len(sittings)}) "
+             f"| {ref_mean:.2f} ± {ref_std:.2f} "
+             f"| {'yes' if r['target_met'] else 'no'}{'' if r['finished'] else ' (so far)'} |"]
+    state = ("finished" if r["finished"] else
+             "**in progress**: `python -m bench.atari_record` continues it from its newest "
+             "checkpoint")
+    text = (f"\nThe run is {state}. Other processes kept up to {load:.2f} cores busy "
+            "during a sitting.\n")
+    return "\n".join(lines) + "\n" + text + _footer(_source("summary_atari", record))
+
+
 def table_learning() -> str:
     record = _record("summary_learning")
     lines = ["| env | seeds | hetrl final return, mean ± sample std (each seed) "
@@ -431,6 +464,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "solve": table_solve,
     "startup": table_startup,
     "learning": table_learning,
+    "atari": table_atari,
     "versus-cleanrl": table_versus_cleanrl,
     "make-bench": table_make_bench,
     "soak": table_soak,
