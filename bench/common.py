@@ -78,6 +78,11 @@ def git_commit() -> str:
         return ""
 
 
+LOADAVG_AT_START = os.getloadavg()
+"""The load averages when the benchmark started: each benchmark is its own process, and
+this module is imported as it starts (a record is written at its end)."""
+
+
 def machine_info() -> dict[str, Any]:
     """What the figures were measured on."""
     import grpc
@@ -100,7 +105,8 @@ def machine_info() -> dict[str, Any]:
         "numpy": numpy.__version__,
         "grpcio": grpc.__version__,
         "git": git_commit(),
-        "loadavg_at_start": os.getloadavg(),
+        "loadavg_at_start": LOADAVG_AT_START,
+        "loadavg_at_end": os.getloadavg(),
     }
 
 
