@@ -14,10 +14,12 @@ from hetrl.rollout.settings import SNAPSHOT_GLOB, EvaluatorSettings
 
 
 def start_evaluator(out: Path, episodes: int, seed: int, run_dir: Path,
-                    env: dict[str, str], new_session: bool = False) -> Child:
+                    env: dict[str, str], new_session: bool = False,
+                    deterministic: bool = True) -> Child:
     """Start the evaluator on the snapshots the learner leaves in <out>/eval (in a
     session of its own with `new_session`: see launch.processes.spawn)."""
-    settings = EvaluatorSettings(eval_dir=str(out / "eval"), eval_episodes=episodes, seed=seed)
+    settings = EvaluatorSettings(eval_dir=str(out / "eval"), eval_episodes=episodes, seed=seed,
+                                 deterministic=deterministic)
     return spawn("evaluator", "hetrl.rollout.evaluate", settings, run_dir, env,
                  new_session=new_session)
 

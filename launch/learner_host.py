@@ -276,7 +276,8 @@ def run_learner_host(settings: ClusterSettings, cluster: ClusterView, token: str
         if settings.eval_every and place.leader:  # on spare CPU, beside the learner
             evaluator = start_evaluator(cluster.model_dir, settings.eval_episodes,
                                         settings.seed, cluster.base_dir / "hetrl",
-                                        child_environment(token))
+                                        child_environment(token),
+                                        deterministic=settings.eval_deterministic)
         _write_cluster_file(cluster, settings)
         if stop_reason:
             learner.request_stop(stop_reason[-1])

@@ -439,7 +439,8 @@ def _supervise(settings: LocalSettings, run_dir: Path, events: _Events) -> int:
         write_json(addresses_file, {"addresses": addresses})
         if settings.eval_every:
             evaluator = start_evaluator(Path(settings.out), settings.eval_episodes,
-                                        settings.seed, run_dir, env, new_session=True)
+                                        settings.seed, run_dir, env, new_session=True,
+                                        deterministic=settings.eval_deterministic)
         code = _watch(workers, learners, finishing, settings.shutdown_grace)
         stopping.set()
         if evaluator is not None and code == EXIT_OK:

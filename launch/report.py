@@ -129,6 +129,11 @@ class Run:
         return sum(values) / len(values) if values else None
 
 
+def _eval_kind(evals: list[dict[str, Any]]) -> str:
+    """How the evaluator chose actions (records before the option: deterministic)."""
+    return "deterministic" if not evals or evals[-1].get("deterministic", True) else "sampled"
+
+
 def _last_eval(run: Run) -> str:
     evals = run.evaluations()
     if not evals:
@@ -213,7 +218,7 @@ def _plots(run: Run, out: Path) -> list[tuple[str, str]]:
         if evals:
             axes[0].errorbar([e["global_step"] for e in evals], [e["eval_return"] for e in evals],
                              yerr=[e["eval_return_std"] for e in evals], fmt="o-", capsize=3,
-                             label="evaluation (deterministic)")
+                             label=f"evaluation ({_eval_kind(evals)})")
         axes[0].legend(fontsize=7, loc="best")
         save(fig, "learning_curve.png", "Learning curve")
     if recs:
@@ -267,7 +272,7 @@ def write_report(path: Path, instance_type: str = "", prices_file: str | None = 
         ("wall seconds", f"{run.wall:.1f}"),
         ("env steps / s", f"{run.steps_per_second:,.0f}"),
         ("mean return (last 100 episodes)", s.get("mean_return_100")),
-        ("evaluation return at the end (deterministic)", _last_eval(run)),
+        (f"evaluation return at the end ({_eval_kind(run.evaluations())})", _last_eval(run)),
         ("workers / env hosts", f"{len(s.get('workers', []))} / "
                                 f"{len({w.rsplit(':', 1)[0] for w in s.get('workers', [])})}"),
         ("fragments dropped for lag / malformed / lost", f"{s.get('fragments_dropped_lag', 0)}"

@@ -6,9 +6,10 @@ weights (a copy nobody modifies) is kept, and written when the model is (periodi
 and at the end), so a run whose policy degrades after its peak still leaves the peak.
 Ties keep the earlier policy: the training mean lags the policy, and the first to reach
 a level has since been confirmed by the most episodes. With --eval-every the evaluator
-judges instead (deterministic episodes of a fresh env measure the policy itself; see
-rollout/evaluate.py) and this object keeps nothing. A resumed run starts from the best
-its earlier runs kept. It writes a file and reports; it never changes training.
+judges instead (whole episodes of a fresh env, deterministic unless
+--no-eval-deterministic, measure the policy itself; see rollout/evaluate.py) and this
+object keeps nothing. A resumed run starts from the best its earlier runs kept. It
+writes a file and reports; it never changes training.
 """
 
 from __future__ import annotations

@@ -187,10 +187,13 @@ class EvalSettings:
     """Periodic evaluation during training, by a separate process on spare CPU."""
 
     eval_every: int = 0
-    """Env steps between evaluations of the current policy (deterministic actions, a fresh
+    """Env steps between evaluations of the current policy (whole episodes of a fresh
     env), logged as charts/eval_return; 0: none."""
     eval_episodes: int = 10
     """Whole episodes per evaluation."""
+    eval_deterministic: bool = True
+    """Evaluate the policy's most likely action; --no-eval-deterministic samples actions
+    as training does (for envs where the most likely action loops, e.g. MiniGrid's)."""
 
     def __post_init__(self) -> None:
         require(self.eval_every >= 0, "--eval-every must be >= 0 (0: no evaluation)")

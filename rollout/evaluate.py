@@ -313,12 +313,12 @@ def run_evaluator(settings: EvaluatorSettings, stop: threading.Event | None = No
             skipped.unlink(missing_ok=True)
         newest = snapshots[-1]
         trained = load_policy(newest)
-        result = evaluate(trained, settings.eval_episodes, deterministic=True,
+        result = evaluate(trained, settings.eval_episodes, deterministic=settings.deterministic,
                           seed=settings.seed)
         record = {"global_step": int(trained.metadata.get("global_step", 0)),
                   "eval_return": result.mean_return, "eval_return_std": result.std_return,
                   "eval_length": float(np.mean(result.lengths)),
-                  "episodes": len(result.returns)}
+                  "episodes": len(result.returns), "deterministic": settings.deterministic}
         with (folder / RESULTS_FILE).open("a") as f:
             f.write(json.dumps(record) + "\n")
         if result.mean_return > best:  # ties keep the earlier policy

@@ -246,6 +246,8 @@ class EvaluatorSettings:
     """Whole episodes per evaluation."""
     seed: int = 1
     """Episode i of every evaluation is reset with seed + i (the same episodes each time)."""
+    deterministic: bool = True
+    """Play the most likely action; False: sample, as training does."""
 
     def __post_init__(self) -> None:
         require(bool(self.eval_dir), "--eval-dir must name a folder")

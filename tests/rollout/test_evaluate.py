@@ -130,3 +130,16 @@ def test_periodic_evaluation_runs_beside_training_and_reaches_the_report(tmp_pat
     report = (result.out / "report" / "report.md").read_text()
     assert "evaluation return at the end (deterministic)" in report
     assert processes_mentioning(str(result.out)) == []  # the evaluator stopped too
+
+
+def test_evaluation_can_sample_actions_as_training_does(tmp_path) -> None:
+    # For envs whose most likely action loops (MiniGrid), --no-eval-deterministic.
+    result = run_local(env="CartPole-v1", workers=1, envs_per_worker=4, fragment_length=32,
+                       total_steps=4096, eval_every=2048, eval_episodes=2, progress=False,
+                       eval_deterministic=False, out=str(tmp_path / "run"))
+    assert result.ok, result.summary
+    evals = [json.loads(line) for line in
+             (result.out / "eval" / "results.jsonl").read_text().splitlines()]
+    assert evals and all(e["deterministic"] is False for e in evals)
+    report = (result.out / "report" / "report.md").read_text()
+    assert "evaluation return at the end (sampled)" in report
