@@ -112,7 +112,23 @@ def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int
 
 def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads, or None; unreadable ones are skipped with a warning."""
-    for path in checkpoints(directory):
+    return _first_loadable(checkpoints(directory))
+
+
+def load_newest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The run's newest loadable checkpoint: `directory`'s own, or one a surviving rank
+    of a broken learner group rescued into it; the most steps win (read from the file
+    names: only the one resumed from is loaded), `directory`'s own on a tie (its rank 0
+    outlived the break)."""
+    folders = [directory, *sorted(directory.glob(RESCUE_GLOB))]
+    found = [(int(_NAME.fullmatch(path.name).group(1)), order, path)  # type: ignore[union-attr]
+             for order, folder in enumerate(folders) for path in checkpoints(folder)]
+    found.sort(key=lambda item: (-item[0], item[1]))
+    return _first_loadable([path for _, _, path in found])
+
+
+def _first_loadable(paths: list[Path]) -> tuple[Path, dict[str, Any]] | None:
+    for path in paths:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # truncated, corrupt, or not ours
@@ -123,12 +139,3 @@ def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
             continue
         return path, state
     return None
-
-
-def load_newest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The run's newest loadable checkpoint: `directory`'s own, or one a surviving rank
-    of a broken learner group rescued into it; the most steps win, `directory`'s own
-    on a tie (its rank 0 outlived the break)."""
-    found = [load_latest(d) for d in [directory, *sorted(directory.glob(RESCUE_GLOB))]]
-    return max((f for f in found if f is not None),
-               key=lambda f: int(f[1].get("global_step", 0)), default=None)

@@ -32,6 +32,7 @@ import hmac
 import json
 import logging
 import re
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -67,6 +68,28 @@ def rank_addresses(addresses: Sequence[str], rank: int, ranks: int) -> tuple[str
     order, from the `rank`-th (so a host's workers are spread over the ranks, and every
     process that knows the addresses computes the same partition)."""
     return tuple(sorted(addresses)[rank::ranks])
+
+
+MAX_TURN_BYTES = 64 << 20
+"""The largest turn a rank accepts (a turn is a few kB of books): a bigger one is not
+from a hetrl learner, and allocating it could exhaust memory."""
+
+
+def exact_bounds(size: int, count: int) -> list[tuple[int, int]]:
+    """(start, end) of exactly `count` minibatches over `size` samples, sizes differing
+    by at most one (some empty when there are fewer samples): a group's ranks step
+    together, so each takes the same number of steps whatever its batch."""
+    return [(size * i // count, size * (i + 1) // count) for i in range(count)]
+
+
+def token_proof(token: str, rank: int, ranks: int, challenge: str) -> str:
+    """What rank `rank` shows the group to prove it holds `token`, for this `challenge`."""
+    return hmac.new(token.encode(), f"hetrl learner rank {rank} of {ranks}, {challenge}"
+                    .encode(), hashlib.sha256).hexdigest()
+
+
+class _Malformed(ValueError):
+    """A turn no hetrl learner sends."""
 
 
 def rank_share(total: int, rank: int, weights: Sequence[int]) -> int:
@@ -121,20 +144,22 @@ class LearnerGroup:
             self._prove_token(token)
 
     def _prove_token(self, token: str) -> None:
-        """Every rank shows the others it holds the job's token (an HMAC of its rank,
-        not the token): the rendezvous itself is not authenticated, so a process that
-        took a rank's place ends the group with this error instead of training in it.
+        """Every rank shows the others it holds the job's token: an HMAC, under the token,
+        of its rank and a challenge made of a fresh random value from every rank (so a
+        proof seen in one group is worth nothing in the next). The rendezvous itself is
+        not authenticated, so a process that took a rank's place ends the group with
+        this error instead of training in it.
 
         Raises:
             GroupError: some rank does not hold the token.
         """
-        def proof(rank: int) -> str:
-            return hmac.new(token.encode(), f"hetrl learner rank {rank} of {self.ranks}"
-                            .encode(), hashlib.sha256).hexdigest()
+        challenge = "".join(str(t.get("nonce"))[:64]
+                            for t in self.agree({"nonce": secrets.token_hex(16)}))
 
-        turns = self.agree({"proof": proof(self.rank)})
+        turns = self.agree({"proof": token_proof(token, self.rank, self.ranks, challenge)})
         strangers = [r for r, t in enumerate(turns) if not hmac.compare_digest(
-            str(t.get("proof")), proof(r))]
+            str(t.get("proof")).encode(),
+            token_proof(token, r, self.ranks, challenge).encode())]
         if strangers:
             self.broken = (f"learner ranks {strangers} do not hold this job's token: a "
                            "process that is not one of this job's learners joined the group "
@@ -152,6 +177,8 @@ class LearnerGroup:
             raise GroupError(self.broken)
         try:
             return call()
+        except _Malformed:
+            raise
         except (RuntimeError, ValueError) as exc:  # DistBackendError is a RuntimeError
             self.broken = (f"the learner group broke during {what}: another rank died or "
                            f"stopped answering ({_cause(exc)}); the group stops")
@@ -167,35 +194,67 @@ class LearnerGroup:
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.ranks)]
             dist.all_gather(sizes, size)
             longest = int(max(s.item() for s in sizes))
+            if longest > MAX_TURN_BYTES or min(s.item() for s in sizes) < 0:
+                raise _Malformed(f"a turn of {longest:,} bytes (at most {MAX_TURN_BYTES:,})")
             padded = torch.zeros(longest, dtype=torch.uint8)
             padded[: data.numel()] = data
             parts = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.ranks)]
             dist.all_gather(parts, padded)
-            return [json.loads(bytes(p[: int(s.item())].numpy()).decode())
-                    for p, s in zip(parts, sizes, strict=True)]
+            try:
+                turns = [json.loads(bytes(p[: int(s.item())].numpy()).decode())
+                         for p, s in zip(parts, sizes, strict=True)]
+            except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError
+                raise _Malformed(f"a turn that is not JSON ({exc})") from exc
+            if not all(isinstance(t, dict) for t in turns):
+                raise _Malformed("a turn that is not a JSON object")
+            return turns
 
-        return self._collective("a turn", gather)
+        try:
+            return self._collective("a turn", gather)
+        except _Malformed as exc:
+            self.broken = (f"a learner rank sent {exc}: not a hetrl learner of this version; "
+                           "the group stops")
+            raise GroupError(self.broken) from exc
 
     # -- inside an update --------------------------------------------------------
-    def average_(self, tensor: torch.Tensor) -> None:
-        """Replace `tensor` by its mean over the ranks, in place (bit-identical on all)."""
+    def minibatch_shares(self, size: int, minibatches: int) -> list[float]:
+        """This rank's share of each of the group's minibatches: its samples there over
+        all ranks' (each rank splits its `size` samples as `exact_bounds` does), so that
+        the group's gradient weighs every sample alike when the ranks' batches differ
+        (one tiny all-gather per update)."""
+        mine = torch.tensor([size], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.ranks)]
+        self._collective("the batch sizes", lambda: dist.all_gather(sizes, mine))
+        parts = [[end - start for start, end in exact_bounds(int(n.item()), minibatches)]
+                 for n in sizes]
+        totals = [sum(column) for column in zip(*parts, strict=True)]
+        return [m / t if t else 0.0 for m, t in zip(parts[self.rank], totals, strict=True)]
+
+    def average_(self, tensor: torch.Tensor, share: float | None = None) -> None:
+        """Replace `tensor` by its mean over the ranks, in place (bit-identical on all);
+        `share`: this rank's weight in a weighted mean (the shares sum to 1)."""
         start = time.perf_counter()
 
         def reduce() -> None:
+            if share is not None:
+                tensor.mul_(share)
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-            tensor.div_(self.ranks)
+            if share is None:
+                tensor.div_(self.ranks)
 
         self._collective("a gradient all-reduce", reduce)
         self.reduce_seconds += time.perf_counter() - start
         self.reduces += 1
 
-    def average_gradients(self, params: Sequence[torch.Tensor]) -> None:
+    def average_gradients(self, params: Sequence[torch.Tensor], share: float | None = None
+                          ) -> None:
         """Average the gradients of `params` over the ranks (a missing one counts as
-        zero): PolicyAdam's flat buffer is one tensor, so one all-reduce per step."""
+        zero; `share`: see average_): PolicyAdam's flat buffer is one tensor, so one
+        all-reduce per step."""
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            self.average_(p.grad)
+            self.average_(p.grad, share)
 
     def combine_moments(self, count: int, mean: torch.Tensor, var: torch.Tensor
                         ) -> tuple[int, torch.Tensor, torch.Tensor]:

@@ -21,6 +21,7 @@ import json
 import logging
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -236,7 +237,8 @@ class Learner:
                 "allreduces_per_update": round(
                     group.reduces / max(self.version - self._start_version, 1), 2),
                 "rank_weights_sha256": self._rank_checksums,
-                "weights_identical": len(set(self._rank_checksums)) == 1,
+                "weights_identical": (len(set(self._rank_checksums)) == 1
+                                      if self._rank_checksums else None),
                 "broken": group.broken,
             }
         return extras
@@ -485,6 +487,8 @@ class Learner:
         except GroupError:
             if ready is not None:
                 self.batcher.release(ready)
+            if error is not None:  # this rank's own cause, which its turn could not tell
+                log.error("learner rank %d: %s", self.group.rank, error)
             raise
         self._lockstep_seconds += time.perf_counter() - start
         self.tally.fold(turns)
@@ -533,10 +537,18 @@ class Learner:
         if self.group is None or self.group.broken is not None or not self._between_turns:
             return
         assert self.tally is not None
+        leaving = sys.exc_info()[1]  # a bug's exception on its way out of run()
+        if leaving is not None and self._stop_reason is None:
+            # Said in the turn, so that the others stop too instead of ending "finished".
+            self.request_stop(f"learner rank {self.group.rank} left its loop: "
+                              f"{type(leaving).__name__}: {leaving}", failed=True)
         try:
             self.tally.fold(self._checksum_turn(self._turn(False)))
         except GroupError as exc:
             log.error("%s", exc)
+        except KeyError as exc:  # another rank was in another turn: its books are its own
+            log.error("the learner ranks' last turns were out of step (a turn without %s); "
+                      "this rank's final books are its own", exc)
 
     def _save_outputs(self, periodic: bool) -> bool:
         """Write the model, then a checkpoint; True if either failed. A failure (a full

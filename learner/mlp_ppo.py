@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetrl.learner.group import LearnerGroup
+from hetrl.learner.group import LearnerGroup, exact_bounds
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.settings import TrainSettings
 from hetrl.rollout.policy import MLPActorCritic, Policy
@@ -164,9 +164,11 @@ class MLPMinibatchSteps:
         norm, actor_square = 0.0, 0.0
         with _blas_threads(torch.get_num_threads()):
             exact = None if self.group is None else cfg.minibatches
+            shares = (self.group.minibatch_shares(size, cfg.minibatches)
+                      if self.group is not None else [])
             for _ in range(cfg.epochs):
                 order = torch.randperm(size).numpy()
-                for start, end in minibatch_bounds(size, mb_size, exact):
+                for i, (start, end) in enumerate(minibatch_bounds(size, mb_size, exact)):
                     if start == end:  # a group's rank with no steps here: a zero gradient
                         self.grad.fill(0.0)
                     else:
@@ -176,7 +178,7 @@ class MLPMinibatchSteps:
                         clipfrac_sum += last.pop("clipfrac")
                         minibatches += 1
                     if self.group is not None:
-                        self.group.average_(self.grad_tensor)
+                        self.group.average_(self.grad_tensor, shares[i])
                     norm, actor_square = self._clip_gradient_norm()
                     self.optimizer.step()
         stats: dict[str, torch.Tensor | float] = {f"losses/{k}": v for k, v in last.items()}
@@ -267,7 +269,7 @@ def minibatch_bounds(size: int, mb_size: int, exact: int | None = None
     they step together."""
     if exact is None:
         return [(start, min(start + mb_size, size)) for start in range(0, size, mb_size)]
-    return [(size * i // exact, size * (i + 1) // exact) for i in range(exact)]
+    return exact_bounds(size, exact)
 
 
 def gradient_stats(norm: torch.Tensor | float, actor_square: torch.Tensor | float | None

@@ -183,6 +183,7 @@ class _Minibatches:
         self.clipfrac_sum = torch.zeros((), device=device)
         self.count = 0
         self.last: tuple | None = None
+        self.share: float | None = None  # this rank's weight in the group's gradient
 
     def step(self, dist: ActionDistribution, new_value: torch.Tensor, actions: torch.Tensor,
              logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
@@ -227,7 +228,7 @@ class _Minibatches:
     def _finish(self, *last) -> None:
         """Average the gradient over the group's ranks, clip and step."""
         if self.group is not None:
-            self.group.average_gradients(self.params)
+            self.group.average_gradients(self.params, self.share)
         if self.actor is not None:
             self.actor_square = torch.stack([p.grad.square().sum() for p in self.actor
                                              if p.grad is not None]).sum()
@@ -266,9 +267,11 @@ def _autograd_minibatches(
     size = b_actions.shape[0]
     steps = _Minibatches(policy, optimizer, cfg, b_actions.device, group)
     exact = None if group is None else cfg.minibatches
+    shares = group.minibatch_shares(size, cfg.minibatches) if group is not None else []
     for _ in range(cfg.epochs):
         b_inds = torch.randperm(size, device=b_actions.device)
-        for start, end in minibatch_bounds(size, mb_size, exact):
+        for i, (start, end) in enumerate(minibatch_bounds(size, mb_size, exact)):
+            steps.share = shares[i] if shares else None
             if start == end:
                 steps.empty_step()
                 continue
@@ -299,9 +302,12 @@ def _sequence_minibatches(
     envs_per_minibatch = max(1, n // cfg.minibatches)
     steps = _Minibatches(policy, optimizer, cfg, device, group)
     exact = None if group is None else cfg.minibatches
+    # Weighed by env columns (of equal length T), not by their valid steps.
+    shares = group.minibatch_shares(n, cfg.minibatches) if group is not None else []
     for _ in range(cfg.epochs):
         columns = torch.randperm(n, device=device)
-        for start, end in minibatch_bounds(n, envs_per_minibatch, exact):
+        for i, (start, end) in enumerate(minibatch_bounds(n, envs_per_minibatch, exact)):
+            steps.share = shares[i] if shares else None
             cols = columns[start:end]
             if start == end:
                 steps.empty_step()

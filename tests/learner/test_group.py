@@ -22,6 +22,7 @@ from hetrl.learner.group import (
     LearnerGroup,
     rank_addresses,
     rank_share,
+    token_proof,
     weights_sha256,
 )
 from hetrl.learner.optimizer import PolicyAdam
@@ -130,8 +131,13 @@ def _collectives_rank(rank: int, store: str, results: multiprocessing.Queue) -> 
     data = torch.from_numpy(rows)
     moments = group.combine_moments(len(rows), data.mean(0), data.var(0, unbiased=False))
     turns = group.agree({"rank": rank, "text": "x" * (10 + 100 * rank)})
+    # Unequal batches (10 and 5 samples, 2 minibatches each: 5+5 and 2+3): each rank's
+    # minibatch gradient weighs as many samples as it holds.
+    shares = group.minibatch_shares(10 if rank == 0 else 5, 2)
+    weighted = torch.tensor([1.0, 2.0]) + 7 * rank
+    group.average_(weighted, shares[0])
     results.put((rank, tensor.tolist(), moments[0], moments[1].tolist(), moments[2].tolist(),
-                 turns))
+                 turns, shares, weighted.tolist()))
     group.close()
 
 
@@ -147,8 +153,11 @@ def test_collectives_sum_what_every_rank_sent(tmp_path: Path) -> None:
         process.join(30)
     everything = np.concatenate([np.arange(15, dtype=np.float64).reshape(5, 3) ** 1.5,
                                  np.full((2, 3), 7.0)])
-    for _rank, average, count, mean, var, turns in got:
+    for rank, average, count, mean, var, turns, shares, weighted in got:
         assert average == [2.0, 3.0]
+        assert shares == pytest.approx([5 / 7, 5 / 8] if rank == 0 else [2 / 7, 3 / 8])
+        # (5 x [1, 2] + 2 x [8, 9]) / 7
+        assert weighted == pytest.approx([3.0, 4.0])
         assert count == 7
         np.testing.assert_allclose(mean, everything.mean(0), rtol=1e-12)
         np.testing.assert_allclose(var, everything.var(0), rtol=1e-9)
@@ -252,3 +261,37 @@ def test_every_rank_proves_it_holds_the_jobs_token(tmp_path: Path, tokens, joine
     else:  # each side sees the other as the stranger
         assert "GroupError: learner ranks [1] do not hold this job's token" in got[0]
         assert "GroupError: learner ranks [0] do not hold this job's token" in got[1]
+
+
+def _stranger(store: str, sends: str, results: multiprocessing.Queue) -> None:
+    """Rank 1 without the token: it replays a proof from an earlier group (made with the
+    real token, for another challenge), or sends a turn no hetrl learner sends."""
+    try:
+        group = LearnerGroup(1, 2, f"file://{store}", torch.device("cpu"), timeout=60)
+        if sends == "replay":
+            group.agree({"nonce": "0" * 32})
+            group.agree({"proof": token_proof("job", 1, 2, "an earlier group's challenge")})
+        else:
+            group.agree(["not", "a", "turn"])  # type: ignore[arg-type]
+        results.put((1, "sent"))
+    except Exception as exc:  # noqa: BLE001 - the test reports what it was
+        results.put((1, f"{type(exc).__name__}: {exc}"))
+
+
+@pytest.mark.parametrize("sends, refused", [
+    ("replay", "learner ranks [1] do not hold this job's token"),
+    ("garbage", "a learner rank sent a turn that is not a JSON object")])
+def test_a_stranger_cannot_replay_a_proof_or_send_garbage(tmp_path: Path, sends, refused
+                                                          ) -> None:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_token_rank,
+                                 args=(0, str(tmp_path / "store"), "job", results)),
+                 context.Process(target=_stranger, args=(str(tmp_path / "store"), sends,
+                                                          results))]
+    for process in processes:
+        process.start()
+    got = dict(results.get(timeout=120) for _ in processes)
+    for process in processes:
+        process.join(30)
+    assert got[0].startswith("GroupError") and refused in got[0], got
