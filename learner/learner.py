@@ -122,8 +122,10 @@ class Learner:
                          *settings.own_worker_addresses)
             if not addresses:
                 raise ConfigError(f"learner rank {settings.rank} of {settings.learners} has no "
-                                  "rollout workers to train on: start at least one worker "
-                                  "per learner rank")
+                                  "rollout workers to train on: give every rank one or more "
+                                  "(--workers >= --learners; in a cluster, env hosts x "
+                                  "--workers-per-env-host >= the learner ranks), or start "
+                                  "fewer ranks")
         self._rank_workers = [len(addresses)]  # every rank's, once they have met
         self._group_workers = list(addresses)
         description = describe_env(settings)
