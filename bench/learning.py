@@ -47,7 +47,7 @@ class Settings:
     envs: tuple[str, ...] = tuple(CLEANRL)
     """MuJoCo v5 ids to run."""
     seeds: tuple[int, ...] = (1, 2, 3)
-    """Seeds per env (mean ± std over them)."""
+    """Seeds per env (mean ± sample std over them)."""
     total_steps: int = 1_000_000
     """Env steps per run (CleanRL's table is at 1M)."""
     workers: int = 2
@@ -121,7 +121,7 @@ def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
     values = [v for v in values if v is not None]
     if not values:
         return None, None
-    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def _with_earlier_runs(runs: list[dict], total_steps: int) -> list[dict]:
