@@ -130,7 +130,14 @@ def table_atari() -> str:
 
     def at(milestone: str) -> str:
         reached = r["first_reached"].get(milestone)
-        return f"{reached['step']:,}" if reached else "not yet"
+        return f"{reached['step']:,}" if reached else ("never" if r["finished"] else "not yet")
+
+    def score_at(step: int) -> str:
+        # the curve's last point at or before `step` (steps, mean score, wall s)
+        if step >= r["total_steps"] and r["finished"]:
+            return f"{r['final_mean_score_100']:.1f}"
+        points = [p for p in r["curve"] if p[0] <= step]
+        return f"{points[-1][1]:.1f}" if points and r["global_step"] >= step else "-"
 
     hours = (r["learner_wall_s"] or 0) / 3600
     sittings = r["sittings"]
@@ -151,7 +158,10 @@ def table_atari() -> str:
     state = ("finished" if r["finished"] else
              "**in progress**: `python -m bench.atari_record` continues it from its newest "
              "checkpoint")
-    text = (f"\nThe run is {state}. Other processes kept up to {load:.2f} cores busy "
+    marks = range(500_000, r["total_steps"] + 1, 500_000)
+    curve = ", ".join(f"{m // 1000:,}k: {score_at(m)}" for m in marks)
+    text = (f"\nMean score along the run, by agent step: {curve}.\n\n"
+            f"The run is {state}. Other processes kept up to {load:.2f} cores busy "
             "during a sitting.\n")
     return "\n".join(lines) + "\n" + text + _footer(_source("summary_atari", record))
 
