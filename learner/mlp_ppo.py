@@ -150,15 +150,17 @@ class MLPMinibatchSteps:
         return cls(policy, optimizer, cfg, actor[0], critic[0], actor[1] is nn.ReLU, group)
 
     def train(self, obs: torch.Tensor, actions: torch.Tensor, logprobs: torch.Tensor,
-              advantages: torch.Tensor, returns: torch.Tensor, mb_size: int
-              ) -> dict[str, torch.Tensor | float]:
+              advantages: torch.Tensor, returns: torch.Tensor, mb_size: int,
+              weights: torch.Tensor | None = None) -> dict[str, torch.Tensor | float]:
         """Train cfg.epochs passes over these valid steps (`obs` already preprocessed)
-        in minibatches of `mb_size`; return the statistics `ppo_update_async` reports."""
+        in minibatches of `mb_size`, the policy loss of each step weighted by `weights`
+        when given (ppo.clip_anchor); return the statistics `ppo_update_async` reports."""
         cfg = self.cfg
         size = obs.shape[0]
         b_obs = obs.reshape(size, -1).numpy()
         b_actions = actions.numpy()
         b_logprobs, b_adv, b_returns = logprobs.numpy(), advantages.numpy(), returns.numpy()
+        b_weights = None if weights is None else weights.numpy()
         clipfrac_sum, minibatches = 0.0, 0
         last: dict[str, float] = {}
         norm, actor_square = 0.0, 0.0
@@ -174,7 +176,8 @@ class MLPMinibatchSteps:
                     else:
                         mb = order[start:end]
                         last = self._gradients(b_obs[mb], b_actions[mb], b_logprobs[mb],
-                                               b_adv[mb], b_returns[mb])
+                                               b_adv[mb], b_returns[mb],
+                                               None if b_weights is None else b_weights[mb])
                         clipfrac_sum += last.pop("clipfrac")
                         minibatches += 1
                     if self.group is not None:
@@ -199,7 +202,8 @@ class MLPMinibatchSteps:
         return norm, actor
 
     def _gradients(self, obs: np.ndarray, actions: np.ndarray, old_logp: np.ndarray,
-                   adv: np.ndarray, returns: np.ndarray) -> dict[str, float]:
+                   adv: np.ndarray, returns: np.ndarray, weights: np.ndarray | None
+                   ) -> dict[str, float]:
         """Write the minibatch loss's gradient into the flat gradient buffer; return
         the loss statistics (before the step)."""
         cfg, n = self.cfg, obs.shape[0]
@@ -226,6 +230,8 @@ class MLPMinibatchSteps:
         ratio = np.exp(logratio)
         if n > 1:
             adv = (adv - adv.mean()) / (adv.std(ddof=1) + np.float32(1e-8))
+        if weights is not None:  # >= 0, so it can scale the advantage inside the max
+            adv = adv * weights
         low, high = 1 - cfg.clip_coef, 1 + cfg.clip_coef
         unclipped, clipped = -adv * ratio, -adv * np.clip(ratio, low, high)
         # d max(u, c) / d ratio: u's where u >= c (inside the clip range the two are

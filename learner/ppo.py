@@ -3,7 +3,9 @@ value targets, on a batch of fragments. Readable top to bottom, CleanRL style.
 
 The batch is time-major: observations [T+1, B, ...], the rest [T, B]. Ratios are taken
 against the behaviour log-probs the workers sent, so experience from slightly older
-weights is corrected rather than trusted. Only `valid` steps are trained on. No I/O here.
+weights is corrected rather than trusted; or (--clip-against learner) against the
+learner's policy as the update starts, each step weighted by its truncated importance
+weight over the behaviour policy. Only `valid` steps are trained on. No I/O here.
 """
 
 from __future__ import annotations
@@ -53,6 +55,18 @@ def _explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tenso
 def gae_advantages(vs: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """vs - V(x_t) on valid steps: GAE(lambda) when on-policy (--advantages gae)."""
     return (vs - values[:-1]) * valid.to(values.dtype)
+
+
+def clip_anchor(target_logp: torch.Tensor, behaviour_logp: torch.Tensor,
+                cfg: TrainSettings) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-probs PPO's ratio is taken against, per-step weights of the policy loss or
+    None): the behaviour's and no weights, or (--clip-against learner) the learner's
+    as the update starts and min(rho-bar, learner / behaviour), which corrects for lag
+    in the gradient's expectation where the ratio no longer does."""
+    if cfg.clip_against == "behaviour":
+        return behaviour_logp, None
+    weights = torch.exp(target_logp - behaviour_logp).clamp(max=cfg.vtrace_rho_clip)
+    return target_logp, weights
 
 
 def read_stats(stats: dict[str, torch.Tensor | float]) -> dict[str, float]:
@@ -133,12 +147,13 @@ def ppo_update_async(
         )
         if cfg.advantages == "gae":
             advantages = gae_advantages(vs, values, batch.valid)
+        anchor_logp, lag_weights = clip_anchor(target_logp, batch.logprobs, cfg)
 
     if isinstance(optimizer, PolicyAdam):
         optimizer.check()  # its flat buffer still holds the policy's parameters
     if policy.state_size:
-        stats = _sequence_minibatches(policy, optimizer, cfg, batch, net_obs, advantages, vs,
-                                      once, group)
+        stats = _sequence_minibatches(policy, optimizer, cfg, batch, net_obs, anchor_logp,
+                                      lag_weights, advantages, vs, once, group)
         stats["losses/explained_variance"] = _explained_variance(
             values[:-1].reshape(-1)[keep], vs.reshape(-1)[keep])
         stats["charts/samples_trained"] = float(size)
@@ -147,7 +162,8 @@ def ppo_update_async(
     # Flatten the valid steps into one training set.
     b_obs = tree_map(lambda o: o[: t_len * n][keep], net_obs)
     b_actions = flat_actions[keep]
-    b_logprobs = batch.logprobs.reshape(-1)[keep]
+    b_logprobs = anchor_logp.reshape(-1)[keep]
+    b_weights = None if lag_weights is None else lag_weights.reshape(-1)[keep]
     b_advantages = advantages.reshape(-1)[keep]
     b_returns = vs.reshape(-1)[keep]
     b_values = values[:-1].reshape(-1)[keep]
@@ -155,10 +171,12 @@ def ppo_update_async(
 
     steps = MLPMinibatchSteps.for_policy(policy, optimizer, cfg, group)
     if steps is not None:  # the built-in MLP on CPU: the same maths without autograd
-        stats = steps.train(b_obs, b_actions, b_logprobs, b_advantages, b_returns, mb_size)
+        stats = steps.train(b_obs, b_actions, b_logprobs, b_advantages, b_returns, mb_size,
+                            b_weights)
     else:
         stats = _autograd_minibatches(policy, optimizer, cfg, b_obs, b_actions, b_logprobs,
-                                      b_advantages, b_returns, mb_size, once, group)
+                                      b_weights, b_advantages, b_returns, mb_size, once,
+                                      group)
     stats["losses/explained_variance"] = _explained_variance(b_values, b_returns)
     stats["charts/samples_trained"] = float(size)
     return stats
@@ -186,11 +204,11 @@ class _Minibatches:
         self.share: float | None = None  # this rank's weight in the group's gradient
 
     def step(self, dist: ActionDistribution, new_value: torch.Tensor, actions: torch.Tensor,
-             logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-             mask: torch.Tensor | None = None) -> None:
+             logprobs: torch.Tensor, weights: torch.Tensor | None, advantages: torch.Tensor,
+             returns: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """One minibatch step; `mask` picks the rows of `dist`, `new_value` and
-        `actions` to train on (the others' `logprobs`, `advantages` and `returns` are
-        left out already)."""
+        `actions` to train on (the others' `logprobs`, `weights`, `advantages` and
+        `returns` are left out already)."""
         cfg = self.cfg
         new_logp = dist.log_prob(actions)
         if mask is not None:
@@ -203,6 +221,8 @@ class _Minibatches:
 
         if len(advantages) > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        if weights is not None:  # >= 0, so it can scale the advantage inside the max
+            advantages = advantages * weights
         pg_loss = torch.max(
             -advantages * ratio,
             -advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
@@ -260,7 +280,8 @@ def _entropy(dist: ActionDistribution, mask: torch.Tensor | None) -> torch.Tenso
 def _autograd_minibatches(
     policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings,
     b_obs: Obs, b_actions: torch.Tensor, b_logprobs: torch.Tensor,
-    b_advantages: torch.Tensor, b_returns: torch.Tensor, mb_size: int, preprocessed: bool,
+    b_weights: torch.Tensor | None, b_advantages: torch.Tensor, b_returns: torch.Tensor,
+    mb_size: int, preprocessed: bool,
     group: LearnerGroup | None = None,
 ) -> dict[str, torch.Tensor | float]:
     """cfg.epochs passes of minibatch steps through autograd over the flat valid steps."""
@@ -279,13 +300,15 @@ def _autograd_minibatches(
             dist, new_value = policy(tree_map(lambda o: o[mb_inds], b_obs),  # noqa: B023
                                      preprocessed=preprocessed)
             steps.step(dist, new_value, b_actions[mb_inds], b_logprobs[mb_inds],
+                       None if b_weights is None else b_weights[mb_inds],
                        b_advantages[mb_inds], b_returns[mb_inds])
     return steps.stats()
 
 
 def _sequence_minibatches(
     policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings, batch: Batch,
-    net_obs: Obs, advantages: torch.Tensor, returns: torch.Tensor, preprocessed: bool,
+    net_obs: Obs, anchor_logp: torch.Tensor, weights: torch.Tensor | None,
+    advantages: torch.Tensor, returns: torch.Tensor, preprocessed: bool,
     group: LearnerGroup | None = None,
 ) -> dict[str, torch.Tensor | float]:
     """A recurrent policy's cfg.epochs passes: minibatches of whole env columns, each
@@ -322,7 +345,8 @@ def _sequence_minibatches(
                     steps.empty_step()
                 continue
             steps.step(dist, new_value, actions[:, cols].reshape(-1, *actions.shape[2:]),
-                       batch.logprobs[:, cols].reshape(-1)[valid],
+                       anchor_logp[:, cols].reshape(-1)[valid],
+                       None if weights is None else weights[:, cols].reshape(-1)[valid],
                        advantages[:, cols].reshape(-1)[valid],
                        returns[:, cols].reshape(-1)[valid], mask=valid)
     return steps.stats()

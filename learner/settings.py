@@ -65,7 +65,14 @@ class TrainSettings:
     minibatches: int = 4
     """Minibatches per epoch."""
     clip_coef: float = 0.2
-    """PPO clipping of the ratio between the new and the behaviour policy."""
+    """PPO clipping of the ratio between the new policy and the one --clip-against names."""
+    clip_against: Literal["behaviour", "learner"] = "behaviour"
+    """The policy PPO's ratio is taken against. behaviour: the one that sampled each
+    step (APPO as Sample Factory runs it); a step sampled some updates back can sit
+    outside the clip range before the update starts and then gives no gradient.
+    learner: the learner's policy as the update starts (decoupled PPO, Hilton et al.
+    2022), each step weighted by min(--vtrace-rho-clip, learner / behaviour
+    probability): policy lag no longer costs gradient. The same at lag 0."""
     ent_coef: float = 0.0
     """Entropy bonus coefficient."""
     vf_coef: float = 0.5
@@ -117,6 +124,8 @@ class TrainSettings:
         require(self.max_policy_lag >= 0, "--max-policy-lag must be >= 0")
         require(self.clip_coef > 0, "--clip-coef must be > 0")
         require(self.advantages in ("vtrace", "gae"), "--advantages must be vtrace or gae")
+        require(self.clip_against in ("behaviour", "learner"),
+                "--clip-against must be behaviour or learner")
         require(self.gradients in ("auto", "autograd"), "--gradients must be auto or autograd")
         _chain_post_init(self, TrainSettings)
 

@@ -82,7 +82,13 @@ def reference_update(policy: Policy, optimizer, batch: Batch, cfg: TrainSettings
     for (t, i), a in zip(steps, raw, strict=True):
         a = (a - mean) / (std + 1e-8)
         dist, value = one(t, i)
-        logratio = dist.log_prob(batch.actions[t, i][None])[0] - batch.logprobs[t, i]
+        if cfg.clip_against == "learner":  # decoupled PPO: the learner's policy anchors
+            anchor = target_logp[t, i].float()
+            a *= min(cfg.vtrace_rho_clip, math.exp(target_logp[t, i].item()
+                                                   - batch.logprobs[t, i].item()))
+        else:
+            anchor = batch.logprobs[t, i]
+        logratio = dist.log_prob(batch.actions[t, i][None])[0] - anchor
         ratio = logratio.exp()
         clamped = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
         pg.append(torch.max(-a * ratio, -a * clamped))
@@ -116,9 +122,10 @@ def reference_update(policy: Policy, optimizer, batch: Batch, cfg: TrainSettings
 @pytest.mark.parametrize("kind", SPACES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(("ent_coef", "normalize"), [(0.01, False), (0.0, True)])
+@pytest.mark.parametrize("clip_against", ["behaviour", "learner"])
 def test_ppo_update_matches_the_per_sample_reference(kind: str, seed: int, ent_coef: float,
-                                                     normalize: bool) -> None:
-    cfg = dataclasses.replace(CFG, ent_coef=ent_coef)
+                                                     normalize: bool, clip_against: str) -> None:
+    cfg = dataclasses.replace(CFG, ent_coef=ent_coef, clip_against=clip_against)
     torch.manual_seed(seed)
     obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     policy = Policy(obs_space, SPACES[kind], PolicySettings(normalize_observations=normalize))
@@ -133,8 +140,37 @@ def test_ppo_update_matches_the_per_sample_reference(kind: str, seed: int, ent_c
     assert stats.keys() == expected.keys()
     for key, value in expected.items():
         assert stats[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
-    assert 0 < expected["losses/clipfrac"] < 1, "the batch should clip some ratios"
+    if clip_against == "behaviour":
+        assert 0 < expected["losses/clipfrac"] < 1, "the batch should clip some ratios"
+    else:  # one step from the anchor itself: nothing clipped yet
+        assert expected["losses/clipfrac"] == 0
     for (name, mine), theirs in zip(policy.named_parameters(), reference.parameters(),
                                     strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6, msg=name)
     assert all(math.isfinite(v) for v in stats.values())
+
+
+@pytest.mark.parametrize("kind", SPACES)
+def test_at_lag_0_both_clip_anchors_train_alike(kind: str) -> None:
+    # Behaviour log-probs from the policy itself (lag 0): the learner's anchor is the
+    # behaviour's and every weight is 1, so four epochs of minibatches end the same.
+    torch.manual_seed(3)
+    policy = Policy(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), SPACES[kind],
+                    PolicySettings(normalize_observations=False))
+    batch = random_batch(policy, 3)
+    with torch.no_grad():
+        dist, _ = policy(batch.observations[:-1].reshape(T * N, 4))
+        batch.logprobs = dist.log_prob(batch.actions.reshape(T * N, *batch.actions.shape[2:])
+                                       ).reshape(T, N)
+    trained = []
+    for clip_against in ("behaviour", "learner"):
+        mine = copy.deepcopy(policy)
+        torch.manual_seed(5)
+        cfg = dataclasses.replace(CFG, epochs=4, minibatches=3, clip_against=clip_against)
+        ppo_update(mine, torch.optim.Adam(mine.parameters(), lr=3e-2), batch, cfg)
+        trained.append(mine)
+    for (name, a), b in zip(trained[0].named_parameters(), trained[1].parameters(),
+                            strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert any(not torch.equal(a, b) for a, b in zip(trained[0].parameters(),
+                                                     policy.parameters(), strict=True))
