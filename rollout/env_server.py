@@ -36,6 +36,7 @@ from hetrl.protos import hetrl_pb2
 from hetrl.rollout import wire
 from hetrl.rollout.envs import action_dtype, make_vector_env
 from hetrl.rollout.errors import WireFormatError
+from hetrl.rollout.fragments import stacks_message
 from hetrl.rollout.lifetime import exit_now
 from hetrl.rollout.observations import Obs
 from hetrl.rollout.serving import (
@@ -47,7 +48,7 @@ from hetrl.rollout.serving import (
     worker_seed,
 )
 from hetrl.rollout.settings import WorkerSettings
-from hetrl.rollout.stacks import packed, stackable
+from hetrl.rollout.stacks import stackable
 from hetrl.rollout.stepping import EnvStepper, StepResult
 
 log = logging.getLogger("hetrl.worker")
@@ -71,9 +72,8 @@ def env_step_message(group: int, step: int, observations: Obs, rewards: np.ndarr
     obs: dict
     if isinstance(observations, dict):
         obs = {"observation_leaves": wire.encode_named(observations)}
-    elif (stacks := packed(observations[None], previous)) is not None:
-        obs = {"observation_stacks": hetrl_pb2.FrameStacks(
-            frames=wire.encode(stacks[0]), whole=wire.encode(stacks[1]))}
+    elif (stacks := stacks_message(observations[None], previous)) is not None:
+        obs = {"observation_stacks": stacks}
     else:
         obs = {"observations": wire.encode(observations)}
     if life_lost is not None:

@@ -293,6 +293,16 @@ def _ndarray_parts(name: str, array: np.ndarray) -> list[bytes | memoryview]:
     return [meta, _field_header(_DATA_FIELD, array.nbytes), array.data.cast("B")]
 
 
+def stacks_message(observations: np.ndarray, previous: np.ndarray | None = None
+                   ) -> hetrl_pb2.FrameStacks | None:
+    """Observations [T+1, N, ...] as the FrameStacks message they travel as when
+    packing them pays (stacks.packed), else None."""
+    stacks = packed(observations, previous)
+    if stacks is None:
+        return None
+    return hetrl_pb2.FrameStacks(frames=wire.encode(stacks[0]), whole=wire.encode(stacks[1]))
+
+
 def to_message(arrays: FragmentArrays, *header: Any, **named: Any) -> hetrl_pb2.WorkerMessage:
     """The message `serialize` encodes (same arguments after `arrays`), built through
     protobuf: the plain reference that tests and benchmarks compare `serialize` with."""
@@ -303,9 +313,8 @@ def to_message(arrays: FragmentArrays, *header: Any, **named: Any) -> hetrl_pb2.
             continue
         if isinstance(value, dict):
             fields["observation_leaves"] = wire.encode_named(value)
-        elif name == "observations" and (stacks := packed(value)) is not None:
-            fields["observation_stacks"] = hetrl_pb2.FrameStacks(
-                frames=wire.encode(stacks[0]), whole=wire.encode(stacks[1]))
+        elif name == "observations" and (stacks := stacks_message(value)) is not None:
+            fields["observation_stacks"] = stacks
         else:
             fields[name] = wire.encode(value)
     scalars = _scalars(arrays, *header, **named)
