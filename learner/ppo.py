@@ -20,7 +20,7 @@ from hetrl.learner.group import LearnerGroup
 from hetrl.learner.mlp_ppo import MLPMinibatchSteps, gradient_stats, minibatch_bounds
 from hetrl.learner.optimizer import PolicyAdam
 from hetrl.learner.settings import TrainSettings
-from hetrl.learner.vtrace import vtrace
+from hetrl.learner.vtrace import own_action_gae, vtrace
 from hetrl.rollout.distributions import ActionDistribution
 from hetrl.rollout.fragments import Steps
 from hetrl.rollout.observations import Obs, tree_map
@@ -62,7 +62,8 @@ def clip_anchor(target_logp: torch.Tensor, behaviour_logp: torch.Tensor,
     """(log-probs PPO's ratio is taken against, per-step weights of the policy loss or
     None): the behaviour's and no weights, or (--clip-against learner) the learner's
     as the update starts and min(rho-bar, learner / behaviour), which corrects for lag
-    in the gradient's expectation where the ratio no longer does."""
+    in the gradient's expectation where the ratio no longer does (the advantages then
+    carry no weight of their own: `own_action_gae`, or V-trace's, which never do)."""
     if cfg.clip_against == "behaviour":
         return behaviour_logp, None
     weights = torch.exp(target_logp - behaviour_logp).clamp(max=cfg.vtrace_rho_clip)
@@ -145,7 +146,12 @@ def ppo_update_async(
             cfg.vtrace_rho_clip,
             cfg.vtrace_c_clip,
         )
-        if cfg.advantages == "gae":
+        if cfg.advantages == "gae" and cfg.clip_against == "learner":
+            # clip_anchor weights each step: the advantage must not carry the weight too
+            advantages = own_action_gae(vs, batch.rewards * cfg.reward_scale, values,
+                                        batch.terminated, batch.truncated, batch.valid,
+                                        cfg.gamma, cfg.gae_lambda)
+        elif cfg.advantages == "gae":
             advantages = gae_advantages(vs, values, batch.valid)
         anchor_logp, lag_weights = clip_anchor(target_logp, batch.logprobs, cfg)
 
@@ -157,6 +163,9 @@ def ppo_update_async(
         stats["losses/explained_variance"] = _explained_variance(
             values[:-1].reshape(-1)[keep], vs.reshape(-1)[keep])
         stats["charts/samples_trained"] = float(size)
+        if lag_weights is not None:
+            # the mean weight of --clip-against learner: 1 at lag 0, lower as lag grows
+            stats["losses/lag_weight_mean"] = lag_weights.reshape(-1)[keep].mean()
         return stats
 
     # Flatten the valid steps into one training set.
@@ -179,6 +188,8 @@ def ppo_update_async(
                                       group)
     stats["losses/explained_variance"] = _explained_variance(b_values, b_returns)
     stats["charts/samples_trained"] = float(size)
+    if b_weights is not None:  # --clip-against learner: 1 at lag 0, lower as lag grows
+        stats["losses/lag_weight_mean"] = b_weights.mean()
     return stats
 
 

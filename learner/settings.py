@@ -72,7 +72,8 @@ class TrainSettings:
     outside the clip range before the update starts and then gives no gradient.
     learner: the learner's policy as the update starts (decoupled PPO, Hilton et al.
     2022), each step weighted by min(--vtrace-rho-clip, learner / behaviour
-    probability): policy lag no longer costs gradient. The same at lag 0."""
+    probability): policy lag no longer costs gradient. At lag 0 the same update, but
+    for the observation normaliser's own move as the update starts."""
     ent_coef: float = 0.0
     """Entropy bonus coefficient."""
     vf_coef: float = 0.5

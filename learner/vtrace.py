@@ -51,3 +51,27 @@ def vtrace(
     vs = values + vs_minus_v
     advantages = (rewards + gamma * not_term * vs[1:] - values[:-1]) * valid_f
     return vs[:-1], advantages
+
+
+@torch.no_grad()
+def own_action_gae(
+    vs: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    valid: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> torch.Tensor:
+    """GAE(lam) of each step's own action over V-trace's targets `vs` [T, B]: the
+    step's TD error plus gamma * lam times the corrected tail vs_{t+1} - V(x_{t+1}),
+    without the step's own importance weight. V-trace's vs_t - V(x_t) is that weight
+    (min(rho-bar, rho_t), when rho-bar = c-bar) times this, so a loss that weights each
+    step itself (decoupled PPO) takes this one. At lag 0 it is vs - V, GAE(lam)."""
+    valid_f = valid.to(values.dtype)
+    not_term = 1.0 - terminated.to(values.dtype)
+    cont = (1.0 - (terminated | truncated).to(values.dtype)) * valid_f
+    tail = torch.cat([vs[1:] - values[1:-1], torch.zeros_like(values[-1:])])
+    deltas = (rewards + gamma * not_term * values[1:] - values[:-1]) * valid_f
+    return deltas + gamma * lam * cont * tail

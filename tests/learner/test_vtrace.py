@@ -246,3 +246,30 @@ def test_gae_advantages_on_policy_are_classic_gae(seed, lam):
     expected = classic_gae(inputs["rewards"], inputs["values"], inputs["terminated"],
                            inputs["truncated"], inputs["valid"], gamma=0.97, lam=lam)
     torch.testing.assert_close(gae_advantages(vs, inputs["values"], inputs["valid"]), expected)
+
+
+@pytest.mark.parametrize("rho_clip", [1.0, 0.7])
+@pytest.mark.parametrize("lam", [0.0, 0.95])
+@pytest.mark.parametrize("seed", range(4))
+def test_own_action_gae_is_vtraces_vs_minus_v_without_the_steps_weight(seed, lam, rho_clip):
+    """--clip-against learner's advantage: vs - V is min(rho-bar, rho_t) times it when
+    rho-bar = c-bar (so the loss can weight each step once), and on-policy it is GAE."""
+    from hetrl.learner.vtrace import own_action_gae
+
+    hyper = dict(gamma=0.97, lam=lam, rho_clip=rho_clip, c_clip=rho_clip)
+    inputs = random_fragment(seed, T=17, B=5, reset_steps=seed % 2 == 0)
+    vs, _ = vtrace(**inputs, **hyper)
+    own = own_action_gae(vs, inputs["rewards"], inputs["values"], inputs["terminated"],
+                         inputs["truncated"], inputs["valid"], gamma=0.97, lam=lam)
+    weight = inputs["log_rhos"].exp().clamp(max=rho_clip) * inputs["valid"]
+    torch.testing.assert_close(vs - inputs["values"][:-1], weight * own)
+    assert not torch.allclose(own * inputs["valid"], (vs - inputs["values"][:-1])), \
+        "off-policy, the weight should matter"
+
+    on_policy = random_fragment(seed, T=17, B=5, off_policy=False)
+    vs, _ = vtrace(**on_policy, gamma=0.97, lam=lam, rho_clip=1.0, c_clip=1.0)
+    expected = classic_gae(on_policy["rewards"], on_policy["values"], on_policy["terminated"],
+                           on_policy["truncated"], on_policy["valid"], gamma=0.97, lam=lam)
+    torch.testing.assert_close(own_action_gae(
+        vs, on_policy["rewards"], on_policy["values"], on_policy["terminated"],
+        on_policy["truncated"], on_policy["valid"], gamma=0.97, lam=lam), expected)

@@ -146,3 +146,44 @@ def test_the_state_is_zero_at_an_episode_start_and_carried_otherwise(kind) -> No
     torch.testing.assert_close(dist.logits[0], fresh.logits[0])
     torch.testing.assert_close(value[0], fresh_value[0])
     assert not torch.allclose(value[1], fresh_value[1])
+
+
+def test_clip_against_learner_anchors_each_sequence_on_its_replay_and_weights_it(
+        monkeypatch) -> None:
+    """--clip-against learner on the recurrent path: every minibatch of env columns
+    takes the replayed log-probs as its anchor (so the first step's ratio is 1) and
+    min(rho-bar, replayed / behaviour) as its weights, column for column."""
+    import hetrl.learner.ppo as ppo
+
+    c, policy = collector(CUE, "lstm", n=4, length=10)
+    fragment = c.collect()
+    batch = Batch(**nested_steps({k: torch.from_numpy(np.array(v))
+                                  for k, v in flat_steps(fragment).items()}))
+    replayed = torch.from_numpy(replayed_logprobs(policy, fragment))
+    batch.logprobs = replayed + torch.from_numpy(  # lagged behaviour
+        np.random.default_rng(0).normal(0, 0.3, replayed.shape).astype(np.float32))
+    seen, orders, targets = [], [], []
+    step, randperm, anchor = ppo._Minibatches.step, torch.randperm, ppo.clip_anchor
+
+    def spy(self, dist, new_value, actions, logprobs, weights, *rest, mask=None):
+        seen.append((dist.log_prob(actions)[mask].detach(), logprobs, weights, mask))
+        return step(self, dist, new_value, actions, logprobs, weights, *rest, mask=mask)
+
+    monkeypatch.setattr(ppo._Minibatches, "step", spy)
+    # the update's own replay, after it moved the observation normaliser
+    monkeypatch.setattr(ppo, "clip_anchor", lambda target, *rest: targets.append(target)
+                        or anchor(target, *rest))
+    monkeypatch.setattr(torch, "randperm", lambda *a, **k: orders.append(randperm(*a, **k))
+                        or orders[-1])
+    cfg = TrainSettings(epochs=1, minibatches=2, clip_against="learner")
+    ppo_update(policy, torch.optim.Adam(policy.parameters(), 1e-3), batch, cfg)
+    torch.testing.assert_close(targets[0], replayed, atol=1e-2, rtol=0)
+    replayed = targets[0]
+    expected = torch.exp(replayed - batch.logprobs).clamp(max=1.0)
+    assert len(seen) == 2
+    torch.testing.assert_close(seen[0][0], seen[0][1], atol=1e-5, rtol=0)  # ratio 1
+    for (_, anchor, weights, mask), cols in zip(seen, orders[0].split(2), strict=True):
+        torch.testing.assert_close(anchor, replayed[:, cols].reshape(-1)[mask],
+                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(weights, expected[:, cols].reshape(-1)[mask])
+    assert (seen[0][2] < 1).any() and (seen[0][2] == 1).any()
