@@ -154,6 +154,9 @@ def ppo_update_async(
         elif cfg.advantages == "gae":
             advantages = gae_advantages(vs, values, batch.valid)
         anchor_logp, lag_weights = clip_anchor(target_logp, batch.logprobs, cfg)
+        # --clip-against learner's mean weight: 1 at lag 0, lower as lag grows
+        lag_stats = ({} if lag_weights is None else
+                     {"losses/lag_weight_mean": lag_weights.reshape(-1)[keep].mean()})
 
     if isinstance(optimizer, PolicyAdam):
         optimizer.check()  # its flat buffer still holds the policy's parameters
@@ -163,10 +166,7 @@ def ppo_update_async(
         stats["losses/explained_variance"] = _explained_variance(
             values[:-1].reshape(-1)[keep], vs.reshape(-1)[keep])
         stats["charts/samples_trained"] = float(size)
-        if lag_weights is not None:
-            # the mean weight of --clip-against learner: 1 at lag 0, lower as lag grows
-            stats["losses/lag_weight_mean"] = lag_weights.reshape(-1)[keep].mean()
-        return stats
+        return stats | lag_stats
 
     # Flatten the valid steps into one training set.
     b_obs = tree_map(lambda o: o[: t_len * n][keep], net_obs)
@@ -188,9 +188,7 @@ def ppo_update_async(
                                       group)
     stats["losses/explained_variance"] = _explained_variance(b_values, b_returns)
     stats["charts/samples_trained"] = float(size)
-    if b_weights is not None:  # --clip-against learner: 1 at lag 0, lower as lag grows
-        stats["losses/lag_weight_mean"] = b_weights.mean()
-    return stats
+    return stats | lag_stats
 
 
 class _Minibatches:

@@ -38,9 +38,7 @@ def vtrace(
     IMPALA's policy-gradient target; the caller's PPO ratio supplies the importance weight.
     """
     rhos = torch.exp(log_rhos)
-    valid_f = valid.to(values.dtype)
-    not_term = 1.0 - terminated.to(values.dtype)
-    cont = (1.0 - (terminated | truncated).to(values.dtype)) * valid_f
+    valid_f, not_term, cont = _episode_masks(terminated, truncated, valid, values.dtype)
     clipped_rhos = torch.clamp(rhos, max=rho_clip) * valid_f
     cs = lam * torch.clamp(rhos, max=c_clip)
     deltas = clipped_rhos * (rewards + gamma * not_term * values[1:] - values[:-1])
@@ -69,9 +67,17 @@ def own_action_gae(
     without the step's own importance weight. V-trace's vs_t - V(x_t) is that weight
     (min(rho-bar, rho_t), when rho-bar = c-bar) times this, so a loss that weights each
     step itself (decoupled PPO) takes this one. At lag 0 it is vs - V, GAE(lam)."""
-    valid_f = valid.to(values.dtype)
-    not_term = 1.0 - terminated.to(values.dtype)
-    cont = (1.0 - (terminated | truncated).to(values.dtype)) * valid_f
+    valid_f, not_term, cont = _episode_masks(terminated, truncated, valid, values.dtype)
     tail = torch.cat([vs[1:] - values[1:-1], torch.zeros_like(values[-1:])])
     deltas = (rewards + gamma * not_term * values[1:] - values[:-1]) * valid_f
     return deltas + gamma * lam * cont * tail
+
+
+def _episode_masks(terminated: torch.Tensor, truncated: torch.Tensor, valid: torch.Tensor,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(valid, not terminated: bootstrap from the next value, the trace continues into
+    the next step) as `dtype` multipliers, [T, B] each."""
+    valid_f = valid.to(dtype)
+    not_term = 1.0 - terminated.to(dtype)
+    cont = (1.0 - (terminated | truncated).to(dtype)) * valid_f
+    return valid_f, not_term, cont
