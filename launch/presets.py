@@ -50,6 +50,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # on another env brings the training settings only.
     "atari": {
         "fragment_length": 128,
+        "envs_per_worker": 4,
+        "credits_per_worker": 1,
+        "fragments_per_batch": "auto",
+        "target_policy_lag": 1.0,
+        "clip_against": "learner",
         "learning_rate": 2.5e-4,
         "clip_coef": 0.1,
         "ent_coef": 0.01,
