@@ -54,10 +54,13 @@ def decode(message: hetrl_pb2.NDArray) -> np.ndarray:
     shape = tuple(message.shape)
     if len(shape) > _MAX_DIMS or any(d < 0 for d in shape):
         raise WireFormatError(f"bad shape {shape}")
-    count = 1
+    # Bound the extent ignoring zero dims too: numpy refuses an empty array whose other
+    # dims overflow its size arithmetic, so (0, 2**40, 2**40) is malformed, not empty.
+    count, extent = 1, 1
     for dim in shape:
         count *= dim
-        if count > _MAX_ELEMENTS:
+        extent *= max(dim, 1)
+        if extent > _MAX_ELEMENTS:
             raise WireFormatError(f"shape {shape} is too large")
     if count * dtype.itemsize != len(message.data):
         raise WireFormatError(
