@@ -151,3 +151,33 @@ def test_job_hyperparameters_and_flags_win_over_the_preset() -> None:
     settings = settings_for(job, ["--epochs", "3"])  # type: ignore[arg-type]
     assert settings.preset == "continuous" and settings.minibatches == 32
     assert settings.learning_rate == 1e-3 and settings.epochs == 3
+
+
+def test_getting_starteds_preset_table_says_what_each_preset_sets() -> None:
+    # The page's table quotes each preset's settings as flags; every flag there must be
+    # what the preset sets, and every setting a preset changes from the shipped default
+    # must be quoted (the atari row drifted once when the preset changed).
+    page = (Path(__file__).parents[2] / "docs/getting-started.md").read_text()
+    shipped = LocalSettings(env="CartPole-v1")
+    for name, values in PRESETS.items():
+        rows = [line for line in page.splitlines() if line.startswith(f"| `{name}` |")]
+        if name == "none":
+            continue
+        assert len(rows) == 1, f"getting-started.md has no single row for preset {name}"
+        spans = [span.split() for span in rows[0].split("`")[1::2]
+                 if span.startswith("--") and not span.startswith("--preset")]
+        quoted: dict[str, object] = {}
+        for words in spans:
+            for i, word in enumerate(words):
+                if not word.startswith("--"):
+                    continue
+                key = word[2:].replace("-", "_")
+                value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith(
+                    "--") else None
+                if value is None:
+                    negated = key.startswith("no_")
+                    quoted[key[3:] if negated else key] = not negated
+                else:
+                    quoted[key] = type(getattr(shipped, key))(value)
+        changed = {k: v for k, v in values.items() if getattr(shipped, k) != v}
+        assert quoted == changed, f"preset {name}: page {quoted}, preset {changed}"
