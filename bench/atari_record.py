@@ -8,9 +8,12 @@ stop this command (Ctrl-C or SIGTERM; the job writes a checkpoint as it stops) a
 again, and it continues the run with `--resume`. Each sitting is recorded: when, the
 commit, its wall seconds and the cores other processes kept busy meanwhile.
 `--record-only` runs nothing and records the run's directory as it stands (an unfinished
-run says so). Reported: the mean game score of the last 100 whole games (unclipped,
-as the learner reports them) over env steps and wall time, the first step at which it
-reached 0, 15 and 20, and the target (a mean score >= 15 at the end).
+run says so); with `--run-dir D --tag T` it records another run's directory (an A/B of
+settings run elsewhere) as summary_atari-T.json. Reported: the mean game score of the
+last 100 whole games (unclipped, as the learner reports them) over env steps and wall
+time, the first step at which it reached 0, 15 and 20, the target (a mean score >= 15
+at the end), the settings that shape the batch and the lag, and the update's health
+along the run (mean policy lag, clip fraction, approx KL).
 
 Reference: CleanRL's ppo_atari.py on PongNoFrameskip-v4, 10M frames (2.5M agent steps),
 3 seeds: 20.36 ± 0.20 (vwxyzjn/cleanrl docs/rl-algorithms/ppo.md). It plays the v4 env
@@ -26,6 +29,7 @@ import dataclasses
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -58,9 +62,21 @@ class Settings:
     """Run nothing: record the run's directory as it stands."""
     quick: bool = False
     """A 4,096-step smoke run into its own directory (record atari_record-quick.json)."""
+    run_dir: str = ""
+    """With --record-only: record this run directory instead of this checkout's own."""
+    tag: str = ""
+    """Record as summary_atari-TAG.json (for --run-dir: a run of other settings)."""
+
+
+# What shapes the batch, the lag and the update, as the run's settings.json says.
+RUN_SETTINGS = ("workers", "envs_per_worker", "fragment_length", "credits_per_worker",
+                "fragments_per_batch", "target_policy_lag", "clip_coef", "clip_against",
+                "epochs", "minibatches", "learning_rate", "preset")
 
 
 def run_dir(s: Settings) -> Path:
+    if s.run_dir:
+        return Path(s.run_dir).resolve()
     name = f"atari-{s.env.replace('/', '-')}-seed{s.seed}" + ("-quick" if s.quick else "")
     return common.RESULTS / "runs" / name
 
@@ -166,7 +182,10 @@ def record(s: Settings, out: Path, sittings: list[dict[str, Any]]) -> dict[str, 
     first = {f"{m:g}": next(({"step": p[0], "wall_s": p[2]} for p in curve if p[1] >= m),
                             None) for m in MILESTONES}
     step = int(rows[-1]["global_step"]) if rows else 0
-    return {"env": s.env, "seed": s.seed, "total_steps": s.total_steps,
+    given = json.loads((out / "settings.json").read_text()) \
+        if (out / "settings.json").exists() else {}
+    return {"env": s.env, "run_settings": {k: given.get(k) for k in RUN_SETTINGS},
+            "update_health": _health(rows), "seed": s.seed, "total_steps": s.total_steps,
             "frames": 4 * step, "global_step": step,
             "finished": _finished(out) and step >= s.total_steps,
             "final_mean_score_100": final,
@@ -184,10 +203,29 @@ def record(s: Settings, out: Path, sittings: list[dict[str, Any]]) -> dict[str, 
             "curve": [[p[0], round(p[1], 2), round(p[2], 1)] for p in sampled]}
 
 
+def _health(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the updates went along the run: the lag they trained at, how much of each batch
+    PPO's clip silenced, and how far each update moved the policy."""
+    def column(key: str) -> list[float]:
+        return [float(r[key]) for r in rows if key in r]
+
+    lag, clipped, kl = (column("charts/policy_lag"), column("losses/clipfrac"),
+                        column("losses/approx_kl"))
+    return {"updates_logged": len(clipped),
+            "policy_lag_mean": statistics.fmean(lag) if lag else None,
+            "clipfrac_mean": statistics.fmean(clipped) if clipped else None,
+            "clipfrac_over_0_2": (sum(c > 0.2 for c in clipped) / len(clipped)
+                                  if clipped else None),
+            "approx_kl_median": statistics.median(kl) if kl else None}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     s = tyro.cli(Settings, args=argv, description=__doc__)
     if s.quick:
         s = dataclasses.replace(s, total_steps=4096)
+    if (s.run_dir or s.tag) and not s.record_only:
+        raise SystemExit("bench.atari_record: --run-dir and --tag record a run made "
+                         "elsewhere; add --record-only")
     out = run_dir(s)
     sittings_path = out.parent / f"{out.name}.sittings.json"
     sittings = json.loads(sittings_path.read_text()) if sittings_path.exists() else []
@@ -210,7 +248,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           shown((result["best_mean_score_100"] or {}).get("score"), ".1f"),
           shown(reached and reached["step"], ","), shown(result["learner_wall_s"], ",.0f"),
           len(sittings), result["finished"], result["target_met"]]])
-    common.write_json("summary_atari" if not s.quick else "atari_record", s, result)
+    name = "atari_record" if s.quick else ("summary_atari" + (f"-{s.tag}" if s.tag else ""))
+    common.write_json(name, s, result)
 
     def draw(plt) -> None:
         plt.plot([p[0] for p in result["curve"]], [p[1] for p in result["curve"]],
@@ -223,7 +262,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plt.ylabel("mean score, last 100 games")
         plt.legend(fontsize=7)
 
-    common.plot(f"atari-{s.env.replace('/', '-')}" + ("-quick" if s.quick else ""), draw)
+    common.plot(f"atari-{s.env.replace('/', '-')}" + ("-quick" if s.quick else "")
+                + (f"-{s.tag}" if s.tag else ""), draw)
     return result
 
 

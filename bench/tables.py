@@ -123,6 +123,41 @@ def table_startup() -> str:
     return "\n".join(lines) + "\n" + _footer(_source("summary_startup", record))
 
 
+def _score_at(r: dict[str, Any], step: int) -> str:
+    """An Atari record's mean score at `step`: its curve's last point at or before it."""
+    if step >= r["total_steps"] and r["finished"]:
+        return f"{r['final_mean_score_100']:.1f}"
+    points = [p for p in r["curve"] if p[0] <= step]  # (steps, mean score, wall s)
+    return f"{points[-1][1]:.1f}" if points and r["global_step"] >= step else "-"
+
+
+ATARI_AB = (("summary_atari-ab-lag2", "2 x 8 envs, 2 credits each: lag 2, batch 2,048"),
+            ("summary_atari-ab-lag1", "2 x 4 envs, 1 credit each: lag 1, batch 1,024"),
+            ("summary_atari", "as above, and PPO's clip against the learner's policy"))
+
+
+def table_atari_ab() -> str:
+    """The runs that chose the atari preset's batch, lag and clip anchor (one seed each)."""
+    marks = range(500_000, 2_500_001, 500_000)
+    lines = ["| settings (workers x envs, credits) | clip against | "
+             + " | ".join(f"{m // 1000:,}k" for m in marks)
+             + " | mean lag | clip fraction: mean (updates > 0.2) | approx KL, median "
+             "| commit |", "|---|---|" + "---|" * len(marks) + "---|---|---|---|"]
+    sources = []
+    for name, what in ATARI_AB:
+        record = _record(name)
+        r = record["results"]
+        health, given = r["update_health"], r["run_settings"]
+        commits = ", ".join(dict.fromkeys(x["commit"] for x in r["sittings"]))
+        lines.append(f"| {what} | {given.get('clip_against') or 'behaviour'} | "
+                     + " | ".join(_score_at(r, m) for m in marks)
+                     + f" | {health['policy_lag_mean']:.2f} | {health['clipfrac_mean']:.2f} "
+                     f"({health['clipfrac_over_0_2']:.0%}) | {health['approx_kl_median']:.4f} "
+                     f"| {commits} |")
+        sources.append(_source(name, record))
+    return "\n".join(lines) + "\n" + _footer(*sources)
+
+
 def table_atari() -> str:
     """The Atari learning record (bench.atari_record): game score over a long run."""
     record = _record("summary_atari")
@@ -131,13 +166,6 @@ def table_atari() -> str:
     def at(milestone: str) -> str:
         reached = r["first_reached"].get(milestone)
         return f"{reached['step']:,}" if reached else ("never" if r["finished"] else "not yet")
-
-    def score_at(step: int) -> str:
-        # the curve's last point at or before `step` (steps, mean score, wall s)
-        if step >= r["total_steps"] and r["finished"]:
-            return f"{r['final_mean_score_100']:.1f}"
-        points = [p for p in r["curve"] if p[0] <= step]
-        return f"{points[-1][1]:.1f}" if points and r["global_step"] >= step else "-"
 
     hours = (r["learner_wall_s"] or 0) / 3600
     sittings = r["sittings"]
@@ -159,7 +187,7 @@ def table_atari() -> str:
              "**in progress**: `python -m bench.atari_record` continues it from its newest "
              "checkpoint")
     marks = range(500_000, r["total_steps"] + 1, 500_000)
-    curve = ", ".join(f"{m // 1000:,}k: {score_at(m)}" for m in marks)
+    curve = ", ".join(f"{m // 1000:,}k: {_score_at(r, m)}" for m in marks)
     text = (f"\nMean score along the run, by agent step: {curve}.\n\n"
             f"The run is {state}. Other processes kept up to {load:.2f} cores busy "
             "during a sitting.\n")
@@ -475,6 +503,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "startup": table_startup,
     "learning": table_learning,
     "atari": table_atari,
+    "atari-ab": table_atari_ab,
     "versus-cleanrl": table_versus_cleanrl,
     "make-bench": table_make_bench,
     "soak": table_soak,

@@ -60,3 +60,14 @@ def test_the_atari_record_benchmark_runs_and_records_its_sitting() -> None:
         assert result["finished"] and result["global_step"] == 4096, result
         assert [s["exit_code"] for s in result["sittings"]] == [0], result["sittings"]
         assert result["sittings"][0]["step_at_end"] == 4096
+    # What the A/B table reads: the settings the run trained with (the atari preset's)
+    # and how its updates went.
+    assert result["run_settings"]["preset"] == "atari"
+    assert result["run_settings"]["clip_against"] == "learner"
+    assert result["update_health"]["updates_logged"] > 0
+    assert result["update_health"]["policy_lag_mean"] is not None
+    # Recording another run's directory is --record-only's job, said before anything runs.
+    proc = subprocess.run([sys.executable, "-m", "bench.atari_record", "--tag", "x"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0 and "--record-only" in proc.stderr
