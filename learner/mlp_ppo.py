@@ -164,7 +164,7 @@ class MLPMinibatchSteps:
         clipfrac_sum, minibatches = 0.0, 0
         last: dict[str, float] = {}
         norm, actor_square = 0.0, 0.0
-        with _blas_threads(torch.get_num_threads()):
+        with _one_blas_thread():
             exact = None if self.group is None else cfg.minibatches
             shares = (self.group.minibatch_shares(size, cfg.minibatches)
                       if self.group is not None else [])
@@ -292,12 +292,15 @@ def gradient_stats(norm: torch.Tensor | float, actor_square: torch.Tensor | floa
 _controller = None
 
 
-def _blas_threads(threads: int):
-    """numpy's BLAS limited to the learner's torch threads while it trains: left at its
-    default it starts a thread per core for 64x64 products, which beside busy workers
-    made a minibatch twice as slow (0.64 vs 0.35 ms on 2 loaded cores)."""
+def _one_blas_thread():
+    """numpy's BLAS held to one thread while the MLP trains, whatever the learner's torch
+    threads: a minibatch's products (64 x 64 up to 64 x 256) are too small to share.
+    Left at its default BLAS starts a thread per core (a minibatch took 0.64 against
+    0.35 ms on 2 loaded cores), and following --learner-torch-threads 2 it made a quiet
+    2-core machine's update 6x slower for 64x64 layers (Humanoid's spaces: 6,060 against
+    37,635 samples/s) and 2.4x slower for 256x256 (bench.learner_throughput's "2 thr")."""
     global _controller
     if _controller is None:
         from threadpoolctl import ThreadpoolController
         _controller = ThreadpoolController()
-    return _controller.limit(limits=threads, user_api="blas")
+    return _controller.limit(limits=1, user_api="blas")
