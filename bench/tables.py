@@ -131,23 +131,24 @@ def _score_at(r: dict[str, Any], step: int) -> str:
     return f"{points[-1][1]:.1f}" if points and r["global_step"] >= step else "-"
 
 
-ATARI_AB = (("summary_atari-ab-lag2", "2 x 8 envs, 2 credits each: lag 2, batch 2,048"),
-            ("summary_atari-ab-lag1", "2 x 4 envs, 1 credit each: lag 1, batch 1,024"),
-            ("summary_atari", "as above, and PPO's clip against the learner's policy"))
+ATARI_AB = ("summary_atari-ab-lag2", "summary_atari-ab-lag1", "summary_atari")
+"""The Pong runs that chose the atari preset: the one before, then each change."""
 
 
 def table_atari_ab() -> str:
     """The runs that chose the atari preset's batch, lag and clip anchor (one seed each)."""
     marks = range(500_000, 2_500_001, 500_000)
-    lines = ["| settings (workers x envs, credits) | clip against | "
+    lines = ["| workers x envs x steps, credits per worker | clip against | "
              + " | ".join(f"{m // 1000:,}k" for m in marks)
              + " | mean lag | clip fraction: mean (updates > 0.2) | approx KL, median "
              "| commit |", "|---|---|" + "---|" * len(marks) + "---|---|---|---|"]
     sources = []
-    for name, what in ATARI_AB:
+    for name in ATARI_AB:
         record = _record(name)
         r = record["results"]
         health, given = r["update_health"], r["run_settings"]
+        what = (f"{given['workers']} x {given['envs_per_worker']} x {given['fragment_length']}"
+                f", {given['credits_per_worker']}")
         commits = ", ".join(dict.fromkeys(x["commit"] for x in r["sittings"]))
         lines.append(f"| {what} | {given.get('clip_against') or 'behaviour'} | "
                      + " | ".join(_score_at(r, m) for m in marks)
