@@ -49,14 +49,17 @@ def _headline(name: str, results: dict) -> dict:
     """The figures worth one line each, from a benchmark's JSON results."""
     r = results["results"]
     if name == "overhead":
-        return {row["env"]: {"ratio": row["ratio"], "target": r["targets"].get(row["env"])}
+        keys = ("envs_per_worker", "fragment_length", "ratio", "stream_mib_per_s")
+        envs = {row["env"]: {"target": r["targets"].get(row["env"])} | {k: row[k] for k in keys}
                 for row in r["headline"]}
+        sweep = [{"env": row["env"]} | {k: row[k] for k in keys} for row in r.get("sweep", [])]
+        return {"envs": envs, "sweep": sweep}
     if name == "transport":
         return {f"{row['size_kib']} KiB {name}/raw": row[f"{name} / raw"]
                 for row in r["sizes"] for name in ("hetrl", "pb-objects")}
     if name == "learner_throughput":
-        return {f"{row['model']} ({row['torch_threads']} thr)": row["samples_per_s"]
-                for row in r}
+        from bench.learner_throughput import label  # here: it imports torch
+        return {label(row): row["samples_per_s"] for row in r}
     if name == "solve":
         return r["summary"]
     if name == "learner_scale":

@@ -8,9 +8,11 @@ message pushed to workers (`wire.encode_named(policy_arrays(...))`). Samples/s =
 env steps in the batch / seconds of that step; each sample is visited `epochs` times,
 so gradient samples/s is `epochs` times higher. Models: the default MLP (64, 64) on
 Humanoid-v5 and CartPole-v1 observations and `bench.nets:SmallCNN` on (4, 84, 84) uint8
-Pong frames (or the built-in Nature CNN: `--models "nature cnn / Pong 4x84x84 u8"`),
-each with 1 torch thread (hetrl's default) and with every core;
-`--preset continuous --models "mlp / HalfCheetah-v5"` times a MuJoCo run's update.
+Pong frames and the built-in Nature CNN that Atari runs train, each with 1 torch thread
+(hetrl's default) and with every core; then a MuJoCo run's update (HalfCheetah-v5's
+spaces, the continuous preset: 2,048 steps, 10 epochs x 32 minibatches, one thread)
+with the numpy update of the built-in MLP (`learner/mlp_ppo.py`) and with torch's
+autograd (`--gradients autograd`), the A/B of what the numpy update buys.
 Run: `python -m bench.learner_throughput [--quick]`.
 """
 
@@ -57,9 +59,9 @@ MODELS = {
 class Settings:
     """Learner throughput: samples/s of hetrl's PPO/V-trace update on CPU."""
 
-    models: tuple[str, ...] = ("mlp / Humanoid-v5", "mlp / CartPole-v1", "cnn / Pong 4x84x84 u8")
-    """Which of the built-in model/observation pairs to run (also: mlp / HalfCheetah-v5,
-    nature cnn / Pong 4x84x84 u8)."""
+    models: tuple[str, ...] = ("mlp / Humanoid-v5", "mlp / CartPole-v1", "cnn / Pong 4x84x84 u8",
+                               "nature cnn / Pong 4x84x84 u8")
+    """Which of the built-in model/observation pairs to run (also: mlp / HalfCheetah-v5)."""
     preset: Literal["none", "classic", "continuous", "atari"] = "none"
     """Update settings of this preset instead of the shipped defaults (`continuous`: what
     a MuJoCo run trains with, 4 fragments = 2,048 steps, 10 epochs x 32 minibatches)."""
@@ -67,6 +69,9 @@ class Settings:
     """Timed learner steps per configuration (after one warm-up step)."""
     threads: tuple[int, ...] = (1, 0)
     """torch threads to try; 0 means every usable core."""
+    autograd_ab: bool = True
+    """Also time a MuJoCo run's update (mlp / HalfCheetah-v5, continuous preset, one
+    thread) with the numpy update and with autograd."""
     fragment_length: int = 64
     """T of each synthetic fragment."""
     envs_per_worker: int = 8
@@ -122,6 +127,13 @@ def update_settings(s: Settings) -> TrainSettings:
     return apply_preset(TrainSettings(preset=s.preset), explicit=())[0]
 
 
+def label(r: dict) -> str:
+    """A row's name in tables and the suite's summary: model, threads, autograd A/B."""
+    preset = f", {r['preset']} preset" if r.get("preset", "none") != "none" else ""
+    ab = ", autograd" if r.get("gradients") == "autograd" else ""
+    return f"{r['model']}{preset} ({r['torch_threads']} thr{ab})"
+
+
 def measure(name: str, threads: int, s: Settings, cfg: TrainSettings) -> dict:
     obs_space, act_space, net = MODELS[name]
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
@@ -137,7 +149,8 @@ def measure(name: str, threads: int, s: Settings, cfg: TrainSettings) -> dict:
             runs.append(result)
     steps = runs[0]["steps"]
     return {
-        "model": name, "torch_threads": torch.get_num_threads(),
+        "model": name, "torch_threads": torch.get_num_threads(), "preset": cfg.preset,
+        "gradients": cfg.gradients,
         "batch_env_steps": steps, "epochs": cfg.epochs, "minibatches": cfg.minibatches,
         "samples_per_s": common.summarize([r["steps"] / r["total"] for r in runs]),
         "update_only_samples_per_s": common.summarize([r["steps"] / r["update"] for r in runs]),
@@ -159,14 +172,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for threads in s.threads:
             print(f"measuring {name}, {threads or 'all'} thread(s) ...", flush=True)
             results.append(measure(name, threads, s, cfg))
+    if s.autograd_ab:
+        mujoco = update_settings(dataclasses.replace(s, preset="continuous"))
+        for gradients in ("auto", "autograd"):
+            print(f"measuring a MuJoCo update, gradients {gradients} ...", flush=True)
+            results.append(measure("mlp / HalfCheetah-v5", 1, s,
+                                   dataclasses.replace(mujoco, gradients=gradients)))
     common.print_table(
         f"Learner throughput on CPU: env samples/s of one learner step "
         f"(preset {s.preset}: batch {cfg.batch_fragments(2)} x {s.fragment_length} x "
         f"{s.envs_per_worker}, {cfg.epochs} epochs x "
         f"{cfg.minibatches} minibatches; median [min-max] of {s.repeats})",
-        ["model", "threads", "samples/s (whole step)", "update only", "gradient samples/s",
+        ["model (threads)", "samples/s (whole step)", "update only", "gradient samples/s",
          "step ms", "to_batch ms", "weights ms"],
-        [[r["model"], r["torch_threads"], common.fmt(r["samples_per_s"]),
+        [[label(r), common.fmt(r["samples_per_s"]),
           common.fmt(r["update_only_samples_per_s"]), common.fmt(r["gradient_samples_per_s"]),
           common.fmt(r["step_ms"], ".1f"), common.fmt(r["to_batch_ms"], ".2f"),
           common.fmt(r["weights_encode_ms"], ".2f")] for r in results])

@@ -58,6 +58,12 @@ def _median(value: Any) -> float:
     return float(value["median"] if isinstance(value, dict) else value)
 
 
+def _span(values: list[float], spec: str) -> str:
+    """min-max of figures, or the one figure when they are all the same."""
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low}-{high}"
+
+
 def _sample_std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
@@ -365,7 +371,7 @@ def table_make_bench() -> str:
         return f">= {target} {'met' if value >= target else 'not met'}"
 
     lines = ["| benchmark | what is compared | median [min-max] | target |", "|---|---|---|---|"]
-    for env, row in head.get("overhead", {}).items():
+    for env, row in head.get("overhead", {}).get("envs", {}).items():
         label = "Pong 4x84x84 uint8" if env == "pong" else env
         lines.append(f"| collection overhead, {label} | one worker streaming to a consuming "
                      f"learner / the same envs and policy in one process | {stat(row['ratio'])} "
@@ -381,8 +387,11 @@ def table_make_bench() -> str:
         ratio, ideal = pipe["ratio"], _median(pipe["ideal_ratio_one_worker"])
         target = _median(pipe["target_ratio"])
         lines.append(f"| pipelining, Humanoid-v5 | hetrl local, 1 worker + learner / one process "
-                     f"alternating collect and train (10 epochs x 32 minibatches) "
-                     f"| {stat(ratio, '.2f')} (ideal {ideal:.2f}) "
+                     f"alternating collect and train (10 epochs x 32 minibatches; training "
+                     f"{_median(pipe['serial_train_fraction']):.0%} of the serial time, "
+                     f"the worker waiting {_median(pipe['worker_wait_fraction']):.0%} "
+                     f"in hetrl) | {stat(ratio, '.2f')} (ideal {ideal:.2f}: "
+                     f"{_median(ratio) / ideal:.0%} of it) "
                      f"| {met(_median(ratio), target)} |")
     for model, s in head.get("learner_throughput", {}).items():
         lines.append(f"| learner throughput, {model} | env samples/s of one update on CPU | "
@@ -400,6 +409,87 @@ def table_make_bench() -> str:
                      f"| {s['predicted']:,.0f} / {s['measured']:,.0f} "
                      f"({s['error']:+.1%}) | checked |")
     return "\n".join(lines) + "\n" + _footer(_source("summary", record))
+
+
+def table_overhead_detail() -> str:
+    """`make bench`'s collection overhead: each env's stream and the N and T sweep."""
+    record = _record("summary")
+    overhead = record["headline"].get("overhead", {})
+    lines = ["| env | envs per worker (N) x fragment length (T) | streamed / in-process, "
+             "median [min-max] | stream MiB/s |", "|---|---|---|---|"]
+    for env, row in overhead.get("envs", {}).items():
+        label = "Pong 4x84x84 uint8" if env == "pong" else env
+        lines.append(f"| {label} | {row['envs_per_worker']} x {row['fragment_length']} "
+                     f"| {fmt(row['ratio'], '.3f')} | {_median(row['stream_mib_per_s']):.1f} |")
+    for row in overhead.get("sweep", []):
+        lines.append(f"| {row['env']} | {row['envs_per_worker']} x {row['fragment_length']} "
+                     f"| {fmt(row['ratio'], '.3f')} "
+                     f"| {_median(row['stream_mib_per_s']):.1f} |")
+    return "\n".join(lines) + "\n" + _footer(_source("summary", record))
+
+
+def table_inference() -> str:
+    """Worker against central inference (bench.inference) and what `hetrl plan` picks."""
+    record = _record("summary_inference")
+    rows = record["results"]["results"]
+    lines = ["| env, policy | worker env steps/s | central env steps/s | central / worker "
+             "| update ms, worker / central | planner picks |", "|---|---|---|---|---|---|"]
+    trips, slower = [], []
+    for row in rows:
+        worker = _median(row["worker_env_steps_per_second"])
+        central = _median(row["central_env_steps_per_second"])
+        updates = [statistics.fmean(run["update_ms"] for run in row["runs"][side])
+                   for side in ("worker", "central")]
+        slower.append(updates[1] / updates[0])
+        trips += [row["planner"]["round_trip_us"] / 1e3]
+        trips += [row["round_trip_us_emulated_host"] / 1e3] if row.get(
+            "round_trip_us_emulated_host") else []
+        env = "Pong" if "pong" in row["env"].lower() else row["env"]
+        policy = "MLP" if row["policy"] == "mlp" else row["policy"].split(":")[-1]
+        lines.append(f"| {env}, {policy} | {worker:,.0f} "
+                     f"| {central:,.0f} | {central / worker:.2f}x "
+                     f"| {updates[0]:,.0f} / {updates[1]:,.0f} | {row['planner_choice']} |")
+    text = (f"\nThe EnvStep -> Actions round trip took {min(trips):.1f}-{max(trips):.1f} ms, "
+            "on 127.0.0.1 and to an emulated env host's address alike; updates took "
+            f"{min(slower):.1f}-{max(slower):.1f}x longer beside the inference thread.\n")
+    return "\n".join(lines) + "\n" + text + _footer(_source("summary_inference", record))
+
+
+LAG_CONDITIONS = {"quiet": "quiet", "busy": "two busy loops beside it",
+                  "uneven": "worker 0 slower (2 ms a step)",
+                  "stalls": "worker 0 stalls 2 s every 5 s",
+                  "credits4": "4 credits per worker"}
+"""bench.lag's conditions as its docstring describes them."""
+
+
+def table_lag() -> str:
+    """CartPole under injected policy lag (bench.lag): shipped settings against before."""
+    record = _record("summary_lag")
+    table = record["results"]["table"]
+
+    def runs(cell: dict[str, Any]) -> str:
+        finals = " / ".join(f"{v:.4g}" for v in sorted(cell["final"]["values"], reverse=True))
+        return f"{cell['solved']}/{cell['runs']}, {cell['collapsed']}/{cell['runs']}, {finals}"
+
+    lines = ["| condition | lag mean (max) | shipped: solved, collapsed, final mean(100) "
+             "| before: solved, collapsed, final mean(100) |", "|---|---|---|---|"]
+    for key, label in LAG_CONDITIONS.items():
+        shipped, before = table.get(f"{key}/shipped"), table.get(f"{key}/before")
+        if shipped is None or before is None:
+            continue
+        dropped = f"; {shipped['dropped']} dropped" if shipped["dropped"] else ""
+        lines.append(f"| {label} | {_median(shipped['policy_lag_mean']):.1f} "
+                     f"({shipped['policy_lag_max']}{dropped}) | {runs(shipped)} "
+                     f"| {runs(before)} |")
+    shipped = [cell for key, cell in table.items() if key.endswith("/shipped")]
+    steps = [v for cell in shipped for v in cell["steps_to_solve"]["values"]]
+    best = [v for cell in shipped for v in cell["best_played"]["values"]]
+    text = (f"\nWith the shipped settings {sum(c['solved'] for c in shipped)} of "
+            f"{sum(c['runs'] for c in shipped)} runs solved, in {min(steps) / 1e3:.0f}-"
+            f"{max(steps) / 1e3:.0f}k env steps, {sum(c['collapsed'] for c in shipped)} "
+            f"collapsed; the kept best policies played {_span(best, '.0f')} in 10 sampled "
+            "episodes.\n")
+    return "\n".join(lines) + "\n" + text + _footer(_source("summary_lag", record))
 
 
 def table_reliability() -> str:
@@ -507,6 +597,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "atari-ab": table_atari_ab,
     "versus-cleanrl": table_versus_cleanrl,
     "make-bench": table_make_bench,
+    "overhead-detail": table_overhead_detail,
+    "inference": table_inference,
+    "lag": table_lag,
     "soak": table_soak,
     "reliability": table_reliability,
     "learner-group": table_learner_group,

@@ -19,9 +19,19 @@ from tests.helpers import ROOT
 def test_the_hand_built_benchmarks_run() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--only", "transport", "pipelining",
-         "learner_scale", "group_updates"], cwd=ROOT, capture_output=True, text=True,
-        timeout=900, stdin=subprocess.DEVNULL)
+         "learner_scale", "group_updates", "overhead", "learner_throughput"], cwd=ROOT,
+        capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # The suite's summary holds what docs/performance.md's tables read (bench.tables).
+    head = json.loads((ROOT / "bench/results/quick-summary.json").read_text())["headline"]
+    envs = head["overhead"]["envs"]
+    assert {"ratio", "target", "stream_mib_per_s", "envs_per_worker"} <= set(envs["pong"])
+    assert [(r["env"], r["envs_per_worker"]) for r in head["overhead"]["sweep"]] == [
+        ("CartPole-v1", 1), ("CartPole-v1", 32)]
+    assert {"nature cnn / Pong 4x84x84 u8 (1 thr)",
+            "mlp / HalfCheetah-v5, continuous preset (1 thr)",
+            "mlp / HalfCheetah-v5, continuous preset (1 thr, autograd)"} <= set(
+                head["learner_throughput"])
 
 
 @pytest.mark.slow
