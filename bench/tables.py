@@ -372,9 +372,9 @@ def table_make_bench() -> str:
 
     lines = ["| benchmark | what is compared | median [min-max] | target |", "|---|---|---|---|"]
     for env, row in head.get("overhead", {}).get("envs", {}).items():
-        label = "Pong 4x84x84 uint8" if env == "pong" else env
-        lines.append(f"| collection overhead, {label} | one worker streaming to a consuming "
-                     f"learner / the same envs and policy in one process | {stat(row['ratio'])} "
+        lines.append(f"| collection overhead, {_overhead_env(env)} | one worker streaming to "
+                     f"a consuming learner / the same envs and policy in one process "
+                     f"| {stat(row['ratio'])} "
                      f"| {met(row['ratio']['median'], row['target'])} |")
     transport = head.get("transport", {})
     sizes = [k.split(" hetrl")[0] for k in transport if k.endswith("hetrl/raw")]
@@ -411,19 +411,22 @@ def table_make_bench() -> str:
     return "\n".join(lines) + "\n" + _footer(_source("summary", record))
 
 
+def _overhead_env(env: str) -> str:
+    """bench.overhead's env as a reader knows it ("pong" is bench.envs:make_pong)."""
+    return "Pong 4x84x84 uint8" if env == "pong" else env
+
+
 def table_overhead_detail() -> str:
     """`make bench`'s collection overhead: each env's stream and the N and T sweep."""
     record = _record("summary")
     overhead = record["headline"].get("overhead", {})
     lines = ["| env | envs per worker (N) x fragment length (T) | streamed / in-process, "
              "median [min-max] | stream MiB/s |", "|---|---|---|---|"]
-    for env, row in overhead.get("envs", {}).items():
-        label = "Pong 4x84x84 uint8" if env == "pong" else env
-        lines.append(f"| {label} | {row['envs_per_worker']} x {row['fragment_length']} "
-                     f"| {fmt(row['ratio'], '.3f')} | {_median(row['stream_mib_per_s']):.1f} |")
-    for row in overhead.get("sweep", []):
-        lines.append(f"| {row['env']} | {row['envs_per_worker']} x {row['fragment_length']} "
-                     f"| {fmt(row['ratio'], '.3f')} "
+    rows = [*overhead.get("envs", {}).items(),
+            *((row["env"], row) for row in overhead.get("sweep", []))]
+    for env, row in rows:
+        lines.append(f"| {_overhead_env(env)} | {row['envs_per_worker']} x "
+                     f"{row['fragment_length']} | {fmt(row['ratio'], '.3f')} "
                      f"| {_median(row['stream_mib_per_s']):.1f} |")
     return "\n".join(lines) + "\n" + _footer(_source("summary", record))
 
@@ -449,9 +452,9 @@ def table_inference() -> str:
         lines.append(f"| {env}, {policy} | {worker:,.0f} "
                      f"| {central:,.0f} | {central / worker:.2f}x "
                      f"| {updates[0]:,.0f} / {updates[1]:,.0f} | {row['planner_choice']} |")
-    text = (f"\nThe EnvStep -> Actions round trip took {min(trips):.1f}-{max(trips):.1f} ms, "
+    text = (f"\nThe EnvStep -> Actions round trip took {_span(trips, '.1f')} ms, "
             "on 127.0.0.1 and to an emulated env host's address alike; updates took "
-            f"{min(slower):.1f}-{max(slower):.1f}x longer beside the inference thread.\n")
+            f"{_span(slower, '.1f')}x longer beside the inference thread.\n")
     return "\n".join(lines) + "\n" + text + _footer(_source("summary_inference", record))
 
 
