@@ -40,8 +40,9 @@ train: $(VENV)/.core
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The inner loop: every test but the long end-to-end runs (marked slow: each took 15 s or
-# more beside two busy loops). make test, which CI runs, still runs them all.
+# The inner loop: every test but the end-to-end runs marked slow (each took 7 s or more on
+# a busy 2-core machine); one short run of each shape stays in (a local run, Ctrl-C on a
+# whole run, an emulated cluster). make test, which CI runs, still runs them all.
 test-quick: lint
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 

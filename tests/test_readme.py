@@ -29,6 +29,7 @@ def _blocks(page: str, language: str, heading: str | None = None) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", text, re.S)
 
 
+@pytest.mark.slow
 def test_the_own_environment_example_runs_as_written(tmp_path: Path) -> None:
     blocks = _blocks("docs/own-env.md", "python")
     env_code = next(b for b in blocks if b.startswith("# my_pkg/envs.py"))

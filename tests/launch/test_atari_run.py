@@ -39,6 +39,7 @@ def test_an_ale_id_trains_with_the_preset_pipeline_and_cnn(breakout_run) -> None
     assert trained.observation_space.shape == (4, 84, 84)
 
 
+@pytest.mark.slow
 def test_load_policy_plays_whole_games_in_game_points(breakout_run) -> None:
     out, _ = breakout_run
     trained = load_policy(out)
@@ -53,6 +54,7 @@ def test_load_policy_plays_whole_games_in_game_points(breakout_run) -> None:
     assert played.returns[0] == int(played.returns[0]) >= 0
 
 
+@pytest.mark.slow
 def test_enjoy_plays_the_atari_run(breakout_run) -> None:
     out, _ = breakout_run
     proc = hetrl("enjoy", str(out), "--which", "final", "--episodes", "1")
@@ -61,6 +63,7 @@ def test_enjoy_plays_the_atari_run(breakout_run) -> None:
     assert "1 episodes: return" in output
 
 
+@pytest.mark.slow
 def test_central_inference_trains_on_the_same_pipeline(tmp_path: Path) -> None:
     out = tmp_path / "central"
     result = run_local(env="ALE/Breakout-v5", workers=2, envs_per_worker=2,

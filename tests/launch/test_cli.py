@@ -122,6 +122,7 @@ def test_track_without_wandb_says_how_to_get_it(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "launch").exists()
 
 
+@pytest.mark.slow
 def test_track_logs_settings_and_charts_to_weights_and_biases(tmp_path: Path) -> None:
     """A real wandb run in offline mode (it writes its records locally, sends nothing)."""
     pytest.importorskip("wandb", reason="hetrl[track] is not installed")
@@ -176,7 +177,9 @@ def test_submit_help_puts_the_aws_flags_after_the_env_and_hides_what_a_job_ignor
     assert "--control-port" in _flags_in_section(output, "cluster")
 
 
-@pytest.mark.parametrize("command", ["local", "emulate", "launch", "worker"])
+# emulate and launch start the heaviest imports (9 to 10 s beside a busy machine): slow.
+@pytest.mark.parametrize("command", ["local", pytest.param("emulate", marks=pytest.mark.slow),
+                                     pytest.param("launch", marks=pytest.mark.slow), "worker"])
 def test_every_setting_is_still_a_flag_of_the_same_name(command: str) -> None:
     """Sections change the help only: each field parses from its own flag, as before."""
     import dataclasses

@@ -33,6 +33,7 @@ def test_settings_json_holds_every_setting_and_config_gives_them_back(tmp_path: 
     assert LocalSettings(**values) == dataclasses.replace(settings, out="", resume=False)
 
 
+@pytest.mark.slow
 def test_a_rerun_from_settings_json_is_the_same_run(tmp_path: Path) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
     args = [f"--{k.replace('_', '-')}" if v is True else

@@ -122,6 +122,7 @@ def _kill_learner_host(settings: EmulateSettings, host: str, ready: Callable[[],
     return result, ended
 
 
+@pytest.mark.slow
 def test_a_killed_learner_host_ends_the_group_and_every_env_host_resumable(
         measured, tmp_path: Path) -> None:
     settings = EmulateSettings(env="CartPole-v1", env_hosts=2, learner_count=2,
@@ -146,6 +147,7 @@ def test_a_killed_learner_host_ends_the_group_and_every_env_host_resumable(
              f"resumed both ranks with identical weights")
 
 
+@pytest.mark.slow
 def test_a_killed_rank_0_host_leaves_a_rescue_checkpoint_the_job_resumes_from(
         measured, tmp_path: Path) -> None:
     # Rank 0's host is the one that writes checkpoints: lose it with none written yet,

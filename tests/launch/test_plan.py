@@ -72,7 +72,8 @@ def test_a_group_runs_summary_gives_the_all_reduce_share(tmp_path: Path) -> None
     assert group_efficiency_from_run(tmp_path) is None
 
 
-@pytest.mark.parametrize("env", ["CartPole-v1", "Humanoid-v5"])
+@pytest.mark.parametrize("env", ["CartPole-v1",
+                                 pytest.param("Humanoid-v5", marks=pytest.mark.slow)])
 def test_plan_prints_a_sane_table(env: str) -> None:
     text = run_plan(PlanSettings(env=env, measure_seconds=1.0,
                                  learner_samples_per_second=200_000))
@@ -82,7 +83,8 @@ def test_plan_prints_a_sane_table(env: str) -> None:
     assert "learner group (--learner-count" in text and "update ceiling" in text
 
 
-@pytest.mark.parametrize("env", ["MatchCode", "CopyBits", "PointAt"])
+@pytest.mark.parametrize("env", [pytest.param("MatchCode", marks=pytest.mark.slow), "CopyBits",
+                                 "PointAt"])
 def test_plan_measures_every_action_space(env: str) -> None:
     # The learner's update is timed too (no --learner-samples-per-second): on the
     # policy's own flat actions, not the env's shaped and offset ones.

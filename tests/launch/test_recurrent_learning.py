@@ -26,6 +26,7 @@ def test_a_recurrent_policy_remembers_and_its_kept_policy_plays(tmp_path: Path, 
                      recurrent=recurrent, rnn_size=64)
 
 
+@pytest.mark.slow
 def test_without_a_memory_the_cue_is_a_guess(tmp_path: Path) -> None:
     result = run_local(env=CUE, total_steps=STEPS, seed=1, out=str(tmp_path / "ff"),
                        progress=False, report=False)

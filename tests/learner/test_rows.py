@@ -40,6 +40,7 @@ def test_every_zero_writes_a_row_per_update() -> None:
     assert rows.due(0.0)
 
 
+@pytest.mark.slow
 def test_a_runs_rows_come_at_its_rate_and_count_every_episode(tmp_path: Path) -> None:
     from hetrl.launch import run_local
 

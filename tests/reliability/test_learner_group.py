@@ -13,12 +13,16 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from hetrl.launch.emulate import EmulateSettings, collect_result, start_hosts
 from hetrl.launch.processes import stop_all
 from tests.helpers import processes_mentioning, wait_for
 from tests.reliability.test_process_faults import start, step
+
+# Each is a whole learner group run, killed and resumed: 8 to 22 s beside a busy machine.
+pytestmark = pytest.mark.slow
 
 
 def rank_pid(out: Path, rank: int) -> int:

@@ -84,6 +84,7 @@ def test_workers_wait_at_their_credits_with_flat_memory_under_a_stalled_learner(
     assert count(log, "restarting") == 0
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_stops_gracefully_and_exits_0(measured, tmp_path: Path) -> None:
     out = tmp_path / "a"
     proc, log = start(out, "--workers", "2", "--total-steps", "100000000")
@@ -108,6 +109,7 @@ def test_sigterm_to_the_launcher_stops_gracefully_and_exits_0(measured, tmp_path
     wait_for(lambda: processes_mentioning(str(out)) == [], 30, "children to exit")
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_worker_then_to_the_learner(measured, tmp_path: Path) -> None:
     out = tmp_path / "bc"
     proc, log = start(out, "--workers", "2", "--total-steps", "100000000",

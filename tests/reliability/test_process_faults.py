@@ -45,6 +45,7 @@ def worker_pid(out: Path, i: int) -> int:
     return pids[0]
 
 
+@pytest.mark.slow
 def test_killed_and_frozen_workers_rejoin_and_nothing_is_trained_twice(
         measured, tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -121,6 +122,7 @@ def test_hung_env_restarts_its_worker_while_training_goes_on(measured, tmp_path:
         f"worker-{0 if 'worker-0 exited' in log.read_text() else 1}.log").read_text()
 
 
+@pytest.mark.slow
 def test_worker_hung_at_the_end_never_delays_the_model_and_the_run_exits_0(
         measured, tmp_path: Path) -> None:
     """One worker's env hangs for 60 s (under --step-timeout, so no watchdog) while the

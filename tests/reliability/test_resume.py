@@ -23,6 +23,7 @@ def run(out: Path, total: int, *extra: str) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_resumed_run_reports_the_whole_run(measured, tmp_path: Path) -> None:
     out = tmp_path / "run"
     first = run(out, 4000)
