@@ -8,12 +8,13 @@ stop this command (Ctrl-C or SIGTERM; the job writes a checkpoint as it stops) a
 again, and it continues the run with `--resume`. Each sitting is recorded: when, the
 commit, its wall seconds and the cores other processes kept busy meanwhile.
 `--record-only` runs nothing and records the run's directory as it stands (an unfinished
-run says so); with `--run-dir D --tag T` it records another run's directory (an A/B of
-settings run elsewhere) as summary_atari-T.json. Reported: the mean game score of the
-last 100 whole games (unclipped, as the learner reports them) over env steps and wall
-time, the first step at which it reached 0, 15 and 20, the target (a mean score >= 15
-at the end), the settings that shape the batch and the lag, and the update's health
-along the run (mean policy lag, clip fraction, approx KL).
+run says so). `--run-dir D --tag T` works on a run of other settings (an A/B), started by
+hand with `hetrl local --out D ...`: it continues that run in sittings like its own, or
+with `--record-only` records it as it stands, as summary_atari-T.json. Reported: the
+mean game score of the last 100 whole games (unclipped, as the learner reports them)
+over env steps and wall time, the first step at which it reached 0, 15 and 20, the
+target (a mean score >= 15 at the end), the settings that shape the batch and the lag,
+and the update's health along the run (mean policy lag, clip fraction, approx KL).
 
 Reference: CleanRL's ppo_atari.py on PongNoFrameskip-v4, 10M frames (2.5M agent steps),
 3 seeds: 20.36 ± 0.20 (vwxyzjn/cleanrl docs/rl-algorithms/ppo.md). It plays the v4 env
@@ -63,7 +64,8 @@ class Settings:
     quick: bool = False
     """A 4,096-step smoke run into its own directory (record atari_record-quick.json)."""
     run_dir: str = ""
-    """With --record-only: record this run directory instead of this checkout's own."""
+    """A run started by hand (`hetrl local --out D` with its own flags) to continue with
+    --resume, or with --record-only to record, instead of this checkout's own."""
     tag: str = ""
     """Record as summary_atari-TAG.json (for --run-dir: a run of other settings)."""
 
@@ -71,7 +73,8 @@ class Settings:
 # What shapes the batch, the lag and the update, as the run's settings.json says.
 RUN_SETTINGS = ("workers", "envs_per_worker", "fragment_length", "credits_per_worker",
                 "fragments_per_batch", "target_policy_lag", "clip_coef", "clip_against",
-                "epochs", "minibatches", "learning_rate", "preset")
+                "epochs", "minibatches", "learning_rate", "anneal_lr", "atari_sticky_actions",
+                "preset")
 
 
 def run_dir(s: Settings) -> Path:
@@ -90,9 +93,11 @@ def sit(s: Settings, out: Path, save: Any) -> dict[str, Any]:
     """One sitting: start the run, or continue it; return what the sitting did, also
     handed to `save` every minute (so a sitting cut short by a kill is still counted)."""
     resume = (out / "settings.json").exists()
-    command = [sys.executable, "-m", "hetrl.launch", "local", "--env", s.env,
-               "--total-steps", str(s.total_steps), "--seed", str(s.seed), "--out", str(out),
-               "--no-progress"] + (["--resume"] if resume else [])
+    # A resumed run takes every setting from its settings.json, its own flags included.
+    command = [sys.executable, "-m", "hetrl.launch", "local", "--out", str(out),
+               "--no-progress"] + (["--resume"] if resume else
+                                   ["--env", s.env, "--total-steps", str(s.total_steps),
+                                    "--seed", str(s.seed)])
     out.parent.mkdir(parents=True, exist_ok=True)
     sitting: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                "commit": common.git_commit(), "resumed": resume,
@@ -223,10 +228,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     s = tyro.cli(Settings, args=argv, description=__doc__)
     if s.quick:
         s = dataclasses.replace(s, total_steps=4096)
-    if (s.run_dir or s.tag) and not s.record_only:
-        raise SystemExit("bench.atari_record: --run-dir and --tag record a run made "
-                         "elsewhere; add --record-only")
+    if s.tag and not s.run_dir and not s.record_only:
+        raise SystemExit("bench.atari_record: --tag names a run made elsewhere: give its "
+                         "--run-dir, or add --record-only")
     out = run_dir(s)
+    if s.run_dir and not s.record_only and not (out / "settings.json").exists():
+        raise SystemExit(f"bench.atari_record: {out} holds no run to continue; start it "
+                         f"with `hetrl local --out {out} ...` (the settings of the A/B), "
+                         "then run this again")
     sittings_path = out.parent / f"{out.name}.sittings.json"
     sittings = json.loads(sittings_path.read_text()) if sittings_path.exists() else []
     if not s.record_only and not _finished(out):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_the_learner_group_benchmark_runs() -> None:
 
 
 @pytest.mark.slow
-def test_the_atari_record_benchmark_runs_and_records_its_sitting() -> None:
+def test_the_atari_record_benchmark_runs_and_records_its_sitting(tmp_path: Path) -> None:
     # The Pong record spans sittings on 2 cores; its --quick form runs the same command
     # to 4,096 steps: the record counts the sitting, and a second call, the run being
     # finished, runs nothing more.
@@ -76,8 +77,15 @@ def test_the_atari_record_benchmark_runs_and_records_its_sitting() -> None:
     assert result["run_settings"]["clip_against"] == "learner"
     assert result["update_health"]["updates_logged"] > 0
     assert result["update_health"]["policy_lag_mean"] is not None
-    # Recording another run's directory is --record-only's job, said before anything runs.
+    # A tag names a run made elsewhere, and a run made elsewhere is started by hand: both
+    # said before anything runs.
     proc = subprocess.run([sys.executable, "-m", "bench.atari_record", "--tag", "x"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
-    assert proc.returncode != 0 and "--record-only" in proc.stderr
+    assert proc.returncode != 0 and "--run-dir" in proc.stderr
+    nothing = tmp_path / "not-started"
+    proc = subprocess.run([sys.executable, "-m", "bench.atari_record", "--run-dir",
+                           str(nothing), "--tag", "x"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0 and f"hetrl local --out {nothing}" in proc.stderr
+    assert not nothing.exists()
