@@ -67,7 +67,8 @@ class Settings:
     """A run started by hand (`hetrl local --out D` with its own flags) to continue with
     --resume, or with --record-only to record, instead of this checkout's own."""
     tag: str = ""
-    """Record as summary_atari-TAG.json (for --run-dir: a run of other settings)."""
+    """Record as summary_atari-TAG.json (for --run-dir: a run of other settings). Without
+    it, another game or seed than Pong's seed 1 records as summary_atari-GAME-seedN.json."""
 
 
 # What shapes the batch, the lag and the update, as the run's settings.json says.
@@ -82,6 +83,19 @@ def run_dir(s: Settings) -> Path:
         return Path(s.run_dir).resolve()
     name = f"atari-{s.env.replace('/', '-')}-seed{s.seed}" + ("-quick" if s.quick else "")
     return common.RESULTS / "runs" / name
+
+
+def record_name(s: Settings) -> str:
+    """The record's name: Pong seed 1 is the issue's record, summary_atari; any other game
+    or seed gets its own name, so that it never overwrites that one."""
+    if s.quick:
+        return "atari_record"
+    if s.tag:
+        return f"summary_atari-{s.tag}"
+    defaults = Settings()
+    if (s.env, s.seed) == (defaults.env, defaults.seed):
+        return "summary_atari"
+    return f"summary_atari-{s.env.replace('/', '-')}-seed{s.seed}"
 
 
 def _finished(out: Path) -> bool:
@@ -257,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           shown((result["best_mean_score_100"] or {}).get("score"), ".1f"),
           shown(reached and reached["step"], ","), shown(result["learner_wall_s"], ",.0f"),
           len(sittings), result["finished"], result["target_met"]]])
-    name = "atari_record" if s.quick else ("summary_atari" + (f"-{s.tag}" if s.tag else ""))
+    name = record_name(s)
     common.write_json(name, s, result)
 
     def draw(plt) -> None:
@@ -271,8 +285,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plt.ylabel("mean score, last 100 games")
         plt.legend(fontsize=7)
 
-    common.plot(f"atari-{s.env.replace('/', '-')}" + ("-quick" if s.quick else "")
-                + (f"-{s.tag}" if s.tag else ""), draw)
+    common.plot(f"atari-{s.env.replace('/', '-')}"
+                + ("-quick" if s.quick else f"-{s.tag}" if s.tag
+                   else "" if name == "summary_atari" else f"-seed{s.seed}"), draw)
     return result
 
 

@@ -89,3 +89,13 @@ def test_the_atari_record_benchmark_runs_and_records_its_sitting(tmp_path: Path)
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert proc.returncode != 0 and f"hetrl local --out {nothing}" in proc.stderr
     assert not nothing.exists()
+
+
+def test_an_atari_record_of_another_seed_or_game_keeps_the_pong_record() -> None:
+    from bench.atari_record import Settings, record_name
+
+    assert record_name(Settings()) == "summary_atari"
+    assert record_name(Settings(seed=2)) == "summary_atari-ALE-Pong-v5-seed2"
+    assert record_name(Settings(env="ALE/Breakout-v5")) == "summary_atari-ALE-Breakout-v5-seed1"
+    assert record_name(Settings(seed=2, tag="x")) == "summary_atari-x"
+    assert record_name(Settings(seed=2, quick=True)) == "atari_record"
