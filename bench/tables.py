@@ -137,17 +137,22 @@ def _score_at(r: dict[str, Any], step: int) -> str:
     return f"{points[-1][1]:.1f}" if points and r["global_step"] >= step else "-"
 
 
-ATARI_AB = ("summary_atari-ab-lag2", "summary_atari-ab-lag1", "summary_atari")
-"""The Pong runs that chose the atari preset: the one before, then each change."""
+ATARI_AB = ("summary_atari-ab-lag2", "summary_atari-ab-lag1", "summary_atari",
+            "summary_atari-ab-sticky0")
+"""The Pong runs that chose the atari preset (the one before, then each change), then the
+shipped preset on v4's rules."""
+
+V5_STICKY_ACTIONS = 0.25
+"""ALE v5's default, which runs recorded before run_settings kept the field played."""
 
 
 def table_atari_ab() -> str:
     """The runs that chose the atari preset's batch, lag and clip anchor (one seed each)."""
     marks = range(500_000, 2_500_001, 500_000)
-    lines = ["| workers x envs x steps, credits per worker | clip against | "
+    lines = ["| workers x envs x steps, credits per worker | clip against | sticky actions | "
              + " | ".join(f"{m // 1000:,}k" for m in marks)
              + " | mean lag | clip fraction: mean (updates > 0.2) | approx KL, median "
-             "| commit |", "|---|---|" + "---|" * len(marks) + "---|---|---|---|"]
+             "| commit |", "|---|---|---|" + "---|" * len(marks) + "---|---|---|---|"]
     sources = []
     for name in ATARI_AB:
         record = _record(name)
@@ -156,7 +161,9 @@ def table_atari_ab() -> str:
         what = (f"{given['workers']} x {given['envs_per_worker']} x {given['fragment_length']}"
                 f", {given['credits_per_worker']}")
         commits = ", ".join(dict.fromkeys(x["commit"] for x in r["sittings"]))
-        lines.append(f"| {what} | {given.get('clip_against') or 'behaviour'} | "
+        sticky = given.get("atari_sticky_actions")
+        lines.append(f"| {what} | {given.get('clip_against') or 'behaviour'} "
+                     f"| {V5_STICKY_ACTIONS if sticky is None else sticky:g} | "
                      + " | ".join(_score_at(r, m) for m in marks)
                      + f" | {health['policy_lag_mean']:.2f} | {health['clipfrac_mean']:.2f} "
                      f"({health['clipfrac_over_0_2']:.0%}) | {health['approx_kl_median']:.4f} "
