@@ -172,40 +172,54 @@ def table_atari_ab() -> str:
     return "\n".join(lines) + "\n" + _footer(*sources)
 
 
+def _pong_seeds() -> list[str]:
+    """The records of `bench.atari_record` on its own run, seed 1 first, then each other
+    seed (summary_atari-ALE-Pong-v5-seedN, by seed)."""
+    others = sorted(RESULTS.glob("summary_atari-ALE-Pong-v5-seed*.json"),
+                    key=lambda path: int(path.stem.rsplit("seed", 1)[1]))
+    return ["summary_atari"] + [path.stem for path in others]
+
+
 def table_atari() -> str:
-    """The Atari learning record (bench.atari_record): game score over a long run."""
-    record = _record("summary_atari")
-    r = record["results"]
-
-    def at(milestone: str) -> str:
-        reached = r["first_reached"].get(milestone)
-        return f"{reached['step']:,}" if reached else ("never" if r["finished"] else "not yet")
-
-    hours = (r["learner_wall_s"] or 0) / 3600
-    sittings = r["sittings"]
-    load = max((x.get("foreign_cores") or 0 for x in sittings), default=0)
-    best = r["best_mean_score_100"] or {}
-    final = r["final_mean_score_100"]
-    ref_mean, ref_std = r["cleanrl_ppo_atari_pong_10M_frames"]
+    """The Atari learning record (bench.atari_record): game score over a long run, a row
+    per seed."""
     lines = ["| env, seed | agent steps (frames) | mean score, last 100 games | best (at step) "
              "| first reached 0 / 15 / 20 at step | training hours (sittings) "
              "| CleanRL ppo_atari, Pong v4, 10M frames | >= 15 |",
-             "|---|---|---|---|---|---|---|---|",
-             f"| {r['env']}, {r['seed']} | {r['global_step']:,} of {r['total_steps']:,} "
-             f"({r['frames']:,}) | {'-' if final is None else f'{final:.1f}'} "
-             f"| {best.get('score', 0):.1f} ({best.get('step', 0):,}) "
-             f"| {at('0')} / {at('15')} / {at('20')} | {hours:.1f} ({len(sittings)}) "
-             f"| {ref_mean:.2f} ± {ref_std:.2f} "
-             f"| {'yes' if r['target_met'] else 'no'}{'' if r['finished'] else ' (so far)'} |"]
-    state = ("finished" if r["finished"] else
-             "**in progress**: `python -m bench.atari_record` continues it from its newest "
-             "checkpoint")
-    marks = range(500_000, r["total_steps"] + 1, 500_000)
-    curve = ", ".join(f"{m // 1000:,}k: {_score_at(r, m)}" for m in marks)
-    text = (f"\nMean score along the run, by agent step: {curve}.\n\n"
-            f"The run is {state}. Other processes kept up to {load:.2f} cores busy "
-            "during a sitting.\n")
-    return "\n".join(lines) + "\n" + text + _footer(_source("summary_atari", record))
+             "|---|---|---|---|---|---|---|---|"]
+    text, sources = [], []
+    for name in _pong_seeds():
+        record = _record(name)
+        sources.append(_source(name, record))
+        r = record["results"]
+
+        def at(milestone: str, r: dict[str, Any] = r) -> str:
+            reached = r["first_reached"].get(milestone)
+            return (f"{reached['step']:,}" if reached
+                    else ("never" if r["finished"] else "not yet"))
+
+        hours = (r["learner_wall_s"] or 0) / 3600
+        sittings = r["sittings"]
+        load = max((x.get("foreign_cores") or 0 for x in sittings), default=0)
+        best = r["best_mean_score_100"] or {}
+        final = r["final_mean_score_100"]
+        ref_mean, ref_std = r["cleanrl_ppo_atari_pong_10M_frames"]
+        lines.append(
+            f"| {r['env']}, {r['seed']} | {r['global_step']:,} of {r['total_steps']:,} "
+            f"({r['frames']:,}) | {'-' if final is None else f'{final:.1f}'} "
+            f"| {best.get('score', 0):.1f} ({best.get('step', 0):,}) "
+            f"| {at('0')} / {at('15')} / {at('20')} | {hours:.1f} ({len(sittings)}) "
+            f"| {ref_mean:.2f} ± {ref_std:.2f} "
+            f"| {'yes' if r['target_met'] else 'no'}{'' if r['finished'] else ' (so far)'} |")
+        seed_flag = "" if r["seed"] == 1 else f" --seed {r['seed']}"
+        state = ("finished" if r["finished"] else
+                 f"**in progress**: `python -m bench.atari_record{seed_flag}` continues it "
+                 "from its newest checkpoint")
+        marks = range(500_000, r["total_steps"] + 1, 500_000)
+        curve = ", ".join(f"{m // 1000:,}k: {_score_at(r, m)}" for m in marks)
+        text.append(f"Seed {r['seed']}, mean score by agent step: {curve}. The run is {state}; "
+                    f"other processes kept up to {load:.2f} cores busy during a sitting.")
+    return ("\n".join(lines) + "\n\n" + "\n\n".join(text) + "\n" + _footer(*sources))
 
 
 def table_learning() -> str:
