@@ -20,8 +20,9 @@ Reference: CleanRL's ppo_atari.py on PongNoFrameskip-v4, 10M frames (2.5M agent 
 3 seeds: 20.36 ± 0.20 (vwxyzjn/cleanrl docs/rl-algorithms/ppo.md). It plays the v4 env
 (no sticky actions) on 8 synchronous envs; ALE/Pong-v5 repeats the previous action with
 probability 0.25, which makes it harder.
-Run: `python -m bench.atari_record [--record-only] [--quick]`; record
-bench/results/summary_atari.json, curve bench/results/atari-<env>.png.
+Run: `python -m bench.atari_record [--seed N] [--record-only] [--quick]`; record
+bench/results/summary_atari.json (another game or seed: summary_atari-<env>-seed<N>.json,
+an A/B: summary_atari-<tag>.json), curve bench/results/atari-<env>[-seed<N>|-<tag>].png.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -87,7 +89,8 @@ def run_dir(s: Settings) -> Path:
 
 def record_name(s: Settings) -> str:
     """The record's name: Pong seed 1 is the issue's record, summary_atari; any other game
-    or seed gets its own name, so that it never overwrites that one."""
+    or seed gets its own name, and an A/B (--run-dir, which needs --tag) its tag's, so
+    that none overwrites another."""
     if s.quick:
         return "atari_record"
     if s.tag:
@@ -205,7 +208,7 @@ def record(s: Settings, out: Path, sittings: list[dict[str, Any]]) -> dict[str, 
         if (out / "settings.json").exists() else {}
     return {"env": s.env, "run_settings": {k: given.get(k) for k in RUN_SETTINGS},
             "update_health": _health(rows), "seed": s.seed, "total_steps": s.total_steps,
-            "frames": 4 * step, "global_step": step,
+            "frames": given.get("atari_frame_skip", 4) * step, "global_step": step,
             "finished": _finished(out) and step >= s.total_steps,
             "final_mean_score_100": final,
             "best_mean_score_100": None if best is None else {"score": best[1], "step": best[0]},
@@ -238,18 +241,49 @@ def _health(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "approx_kl_median": statistics.median(kl) if kl else None}
 
 
+def _refuse(s: Settings) -> None:
+    """Say before anything runs what a combination of flags cannot do."""
+    def refuse(why: str) -> None:
+        raise SystemExit(f"bench.atari_record: {why}")
+
+    if s.quick and (s.run_dir or s.tag):
+        refuse("--quick is a smoke run of its own: drop --run-dir and --tag")
+    if s.tag and not s.run_dir:
+        refuse("--tag names a run made elsewhere: give its --run-dir")
+    if s.run_dir and not s.tag:
+        refuse("--run-dir is a run of other settings: give it --tag T, and it records as "
+               "summary_atari-T.json (without a tag it would overwrite the default run's)")
+    if re.search(r"-seed\d+$", s.tag):
+        refuse(f"--tag {s.tag} would share a name with a default run of another seed "
+               "(summary_atari-GAME-seedN): pick a tag that does not end in -seedN")
+
+
+def _as_saved(s: Settings, out: Path) -> Settings:
+    """The run's env, seed and length as its settings.json says (a resumed sitting takes
+    every setting from there, whatever this command's flags)."""
+    path = out / "settings.json"
+    if not path.exists():
+        return s
+    saved = json.loads(path.read_text())
+    kept = {k: saved[k] for k in ("env", "seed", "total_steps") if k in saved}
+    changed = {k: v for k, v in kept.items() if getattr(s, k) != v}
+    if changed:
+        print(f"bench.atari_record: the run in {out} keeps its own "
+              + ", ".join(f"{k}={v}" for k, v in changed.items()), flush=True)
+    return dataclasses.replace(s, **kept)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     s = tyro.cli(Settings, args=argv, description=__doc__)
     if s.quick:
         s = dataclasses.replace(s, total_steps=4096)
-    if s.tag and not s.run_dir and not s.record_only:
-        raise SystemExit("bench.atari_record: --tag names a run made elsewhere: give its "
-                         "--run-dir, or add --record-only")
+    _refuse(s)
     out = run_dir(s)
     if s.run_dir and not s.record_only and not (out / "settings.json").exists():
         raise SystemExit(f"bench.atari_record: {out} holds no run to continue; start it "
                          f"with `hetrl local --out {out} ...` (the settings of the A/B), "
                          "then run this again")
+    s = _as_saved(s, out)
     sittings_path = out.parent / f"{out.name}.sittings.json"
     sittings = json.loads(sittings_path.read_text()) if sittings_path.exists() else []
     if not s.record_only and not _finished(out):

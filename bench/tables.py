@@ -175,9 +175,9 @@ def table_atari_ab() -> str:
 def _pong_seeds() -> list[str]:
     """The records of `bench.atari_record` on its own run, seed 1 first, then each other
     seed (summary_atari-ALE-Pong-v5-seedN, by seed)."""
-    others = sorted(RESULTS.glob("summary_atari-ALE-Pong-v5-seed*.json"),
-                    key=lambda path: int(path.stem.rsplit("seed", 1)[1]))
-    return ["summary_atari"] + [path.stem for path in others]
+    seeds = {int(m[1]): path.stem for path in RESULTS.glob("summary_atari-ALE-Pong-v5-seed*.json")
+             if (m := re.fullmatch(r"summary_atari-ALE-Pong-v5-seed(\d+)", path.stem))}
+    return ["summary_atari"] + [seeds[seed] for seed in sorted(seeds)]
 
 
 def table_atari() -> str:

@@ -77,18 +77,46 @@ def test_the_atari_record_benchmark_runs_and_records_its_sitting(tmp_path: Path)
     assert result["run_settings"]["clip_against"] == "learner"
     assert result["update_health"]["updates_logged"] > 0
     assert result["update_health"]["policy_lag_mean"] is not None
-    # A tag names a run made elsewhere, and a run made elsewhere is started by hand: both
-    # said before anything runs.
-    proc = subprocess.run([sys.executable, "-m", "bench.atari_record", "--tag", "x"],
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--tag", "x"], "give its --run-dir"),
+    (["--tag", "x", "--record-only"], "give its --run-dir"),
+    (["--run-dir", "D"], "give it --tag T"),
+    (["--quick", "--tag", "x", "--run-dir", "D"], "drop --run-dir and --tag"),
+    (["--run-dir", "D", "--tag", "ALE-Pong-v5-seed2"], "does not end in -seedN"),
+    (["--run-dir", "NOT-STARTED", "--tag", "x"], "hetrl local --out"),
+])
+def test_the_atari_recorder_refuses_what_would_record_the_wrong_run(
+        tmp_path: Path, flags: list[str], said: str) -> None:
+    # Said before anything runs: a tag names a run made elsewhere, which is started by
+    # hand, and no record may take another's name.
+    flags = [str(tmp_path / f) if f in ("D", "NOT-STARTED") else f for f in flags]
+    proc = subprocess.run([sys.executable, "-m", "bench.atari_record", *flags],
                           cwd=ROOT, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
-    assert proc.returncode != 0 and "--run-dir" in proc.stderr
-    nothing = tmp_path / "not-started"
-    proc = subprocess.run([sys.executable, "-m", "bench.atari_record", "--run-dir",
-                           str(nothing), "--tag", "x"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert proc.returncode != 0 and f"hetrl local --out {nothing}" in proc.stderr
-    assert not nothing.exists()
+    assert proc.returncode != 0 and said in proc.stderr, proc.stderr
+    assert not (tmp_path / "NOT-STARTED").exists() and not (tmp_path / "D").exists()
+
+
+def test_an_atari_record_states_the_run_as_it_was_started(tmp_path: Path) -> None:
+    # A resumed sitting takes every setting from the run's settings.json, so the record
+    # does too, whatever the recorder's own flags say.
+    from bench.atari_record import Settings, _as_saved, record
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "settings.json").write_text(json.dumps(
+        {"env": "ALE/Pong-v5", "seed": 3, "total_steps": 2048, "atari_frame_skip": 2}))
+    (out / "summary.json").write_text(json.dumps({"outcome": "finished"}))
+    (out / "metrics.jsonl").write_text("\n".join(json.dumps(
+        {"global_step": step, "charts/mean_return_100": -21.0 + step / 128,
+         "wall_seconds": step / 100}) for step in (1024, 2048)))
+    s = _as_saved(Settings(run_dir=str(out), tag="t"), out)
+    assert (s.seed, s.total_steps) == (3, 2048)
+    result = record(s, out, [])
+    assert result["seed"] == 3 and result["total_steps"] == 2048 and result["finished"]
+    assert result["frames"] == 2 * 2048 and result["final_mean_score_100"] == -5.0
 
 
 def test_an_atari_record_of_another_seed_or_game_keeps_the_pong_record() -> None:
