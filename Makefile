@@ -40,14 +40,15 @@ train: $(VENV)/.core
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The inner loop: every test but the end-to-end runs marked slow (each took 7 s or more on
-# a busy 2-core machine); one short run of each shape stays in (a local run, Ctrl-C on a
-# whole run, an emulated cluster). make test, which CI runs, still runs them all.
+# The inner loop: every test but those marked slow (each took 7 s or more on a busy 2-core
+# machine; end-to-end runs, mostly); one short run of each shape stays in (a local run,
+# Ctrl-C on a whole run, an emulated job). make test, which CI runs, still runs them all.
 test-quick: lint
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Each lower bound in pyproject.toml is a version a test ran: .venv-lowest holds every
-# runtime dependency at its lower bound (tests/lowest.py), and the core tests run there.
+# runtime dependency at its lower bound (tests/lowest.py), and the core tests run there:
+# the quick ones, and the slow ones marked lowest (torch.distributed, whole local runs).
 LOWEST := .venv-lowest
 test-lowest:
 	$(PYTHON) -m venv $(LOWEST)
@@ -56,7 +57,7 @@ test-lowest:
 	$(LOWEST)/bin/python -m pip install $(PIP_FLAGS) -q -c $(LOWEST)/lowest.txt -e . \
 		"pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
 	$(LOWEST)/bin/python -m pip list --format=freeze > $(LOWEST)/installed.txt
-	$(LOWEST)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS) tests/rollout tests/learner \
+	$(LOWEST)/bin/python -m pytest -m "not slow or lowest" $(PYTEST_ARGS) tests/rollout tests/learner \
 		tests/protos tests/launch/test_local.py tests/launch/test_hyperparameters.py
 
 # Benchmarks (not tests): tables on stdout, JSON and plots in bench/results/.

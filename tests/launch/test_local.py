@@ -53,6 +53,7 @@ def test_cli_run_learns_and_leaves_nothing_behind(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_python_api_trains_a_custom_env_class(tmp_path: Path) -> None:
     result = run_local(env=GoLeft, workers=1, envs_per_worker=4, fragment_length=20,
                        total_steps=16_000, out=str(tmp_path / "api"), progress=False)
@@ -107,7 +108,8 @@ def _start_long_run(out: Path, *extra: str) -> subprocess.Popen:
 
 @pytest.mark.parametrize("to_group", [pytest.param(True, id="ctrl-c-group"),
                                       pytest.param(False, id="sigint-launcher",
-                                                   marks=pytest.mark.slow)])
+                                                   marks=[pytest.mark.slow,
+                                                          pytest.mark.lowest])])
 def test_ctrl_c_stops_every_process(tmp_path: Path, to_group: bool) -> None:
     out = tmp_path / "int"
     proc = _start_long_run(out)
@@ -145,6 +147,7 @@ def _start_logged(out: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_ctrl_c_says_what_it_does_names_itself_and_how_to_resume(tmp_path: Path) -> None:
     out = tmp_path / "int"
     proc, log = _start_logged(out)
@@ -207,6 +210,7 @@ def test_a_run_says_where_its_time_went(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_crashing_worker_stops_everything(measured, tmp_path: Path) -> None:
     out = tmp_path / "crash"
     proc = hetrl("local", "--env", "tests.fixtures.envs:CrashAfter", "--total-steps", "10000000",
@@ -222,6 +226,7 @@ def test_crashing_worker_stops_everything(measured, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_killed_learner_stops_everything(tmp_path: Path) -> None:
     out = tmp_path / "kill"
     proc = _start_long_run(out)
@@ -237,6 +242,7 @@ def test_killed_learner_stops_everything(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_model_output_is_usable(tmp_path: Path) -> None:
     result = run_local(env="Pendulum-v1", workers=1, envs_per_worker=2, fragment_length=16,
                        total_steps=2_000, out=str(tmp_path / "pend"), progress=False)
@@ -257,6 +263,7 @@ def test_normalised_rewards_leave_reported_returns_raw(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_children_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
     # No cleanup code runs in a SIGKILLed launcher: the kernel's parent-death signal,
     # which every child asks for at start (rollout.lifetime), must end them.

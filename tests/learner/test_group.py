@@ -91,6 +91,7 @@ def run_ranks(tmp_path: Path, kind: str, cfg: TrainSettings, same_data: bool) ->
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 @pytest.mark.parametrize("gradients", ["auto", "autograd"])
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])
 def test_ranks_on_different_batches_keep_identical_weights(tmp_path: Path, kind: str,
@@ -105,6 +106,7 @@ def test_ranks_on_different_batches_keep_identical_weights(tmp_path: Path, kind:
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_two_ranks_on_the_same_batch_train_as_one(tmp_path: Path) -> None:
     # Each rank's gradient is the solo gradient, so their mean is too; the normaliser's
     # combined moments are the batch's own (up to rounding). One minibatch per epoch:

@@ -41,6 +41,7 @@ def test_every_zero_writes_a_row_per_update() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.lowest
 def test_a_runs_rows_come_at_its_rate_and_count_every_episode(tmp_path: Path) -> None:
     from hetrl.launch import run_local
 
