@@ -213,8 +213,9 @@ def table_atari() -> str:
             f"| {'yes' if r['target_met'] else 'no'}{'' if r['finished'] else ' (so far)'} |")
         seed_flag = "" if r["seed"] == 1 else f" --seed {r['seed']}"
         state = ("finished" if r["finished"] else
-                 f"**in progress**: `python -m bench.atari_record{seed_flag}` continues it "
-                 "from its newest checkpoint")
+                 "**unfinished**: on the machine that holds its run folder, "
+                 f"`python -m bench.atari_record{seed_flag}` continues it from its newest "
+                 "checkpoint")
         marks = range(500_000, r["total_steps"] + 1, 500_000)
         curve = ", ".join(f"{m // 1000:,}k: {_score_at(r, m)}" for m in marks)
         text.append(f"Seed {r['seed']}, mean score by agent step: {curve}. The run is {state}; "
