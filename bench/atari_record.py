@@ -87,18 +87,19 @@ def run_dir(s: Settings) -> Path:
     return common.RESULTS / "runs" / name
 
 
-def record_name(s: Settings) -> str:
-    """The record's name: Pong seed 1 is the issue's record, summary_atari; any other game
-    or seed gets its own name, and an A/B (--run-dir, which needs --tag) its tag's, so
-    that none overwrites another."""
+def record_names(s: Settings) -> tuple[str, str]:
+    """(the record's name, its curve's): Pong seed 1 is the issue's record, summary_atari;
+    any other game or seed gets its own names, and an A/B (--run-dir, which needs --tag)
+    its tag's, so that none overwrites another."""
+    game = f"atari-{s.env.replace('/', '-')}"
     if s.quick:
-        return "atari_record"
+        return "atari_record", f"{game}-quick"
     if s.tag:
-        return f"summary_atari-{s.tag}"
+        return f"summary_atari-{s.tag}", f"{game}-{s.tag}"
     defaults = Settings()
     if (s.env, s.seed) == (defaults.env, defaults.seed):
-        return "summary_atari"
-    return f"summary_atari-{s.env.replace('/', '-')}-seed{s.seed}"
+        return "summary_atari", game
+    return f"summary_{game}-seed{s.seed}", f"{game}-seed{s.seed}"
 
 
 def _finished(out: Path) -> bool:
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           shown((result["best_mean_score_100"] or {}).get("score"), ".1f"),
           shown(reached and reached["step"], ","), shown(result["learner_wall_s"], ",.0f"),
           len(sittings), result["finished"], result["target_met"]]])
-    name = record_name(s)
+    name, curve_name = record_names(s)
     common.write_json(name, s, result)
 
     def draw(plt) -> None:
@@ -319,9 +320,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plt.ylabel("mean score, last 100 games")
         plt.legend(fontsize=7)
 
-    common.plot(f"atari-{s.env.replace('/', '-')}"
-                + ("-quick" if s.quick else f"-{s.tag}" if s.tag
-                   else "" if name == "summary_atari" else f"-seed{s.seed}"), draw)
+    common.plot(curve_name, draw)
     return result
 
 

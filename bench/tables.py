@@ -172,6 +172,12 @@ def table_atari_ab() -> str:
     return "\n".join(lines) + "\n" + _footer(*sources)
 
 
+def _reached(r: dict[str, Any], milestone: str) -> str:
+    """The step at which an Atari record's mean score first reached `milestone`."""
+    reached = r["first_reached"].get(milestone)
+    return f"{reached['step']:,}" if reached else ("never" if r["finished"] else "not yet")
+
+
 def _pong_seeds() -> list[str]:
     """The records of `bench.atari_record` on its own run, seed 1 first, then each other
     seed (summary_atari-ALE-Pong-v5-seedN, by seed)."""
@@ -192,12 +198,6 @@ def table_atari() -> str:
         record = _record(name)
         sources.append(_source(name, record))
         r = record["results"]
-
-        def at(milestone: str, r: dict[str, Any] = r) -> str:
-            reached = r["first_reached"].get(milestone)
-            return (f"{reached['step']:,}" if reached
-                    else ("never" if r["finished"] else "not yet"))
-
         hours = (r["learner_wall_s"] or 0) / 3600
         sittings = r["sittings"]
         load = max((x.get("foreign_cores") or 0 for x in sittings), default=0)
@@ -208,7 +208,8 @@ def table_atari() -> str:
             f"| {r['env']}, {r['seed']} | {r['global_step']:,} of {r['total_steps']:,} "
             f"({r['frames']:,}) | {'-' if final is None else f'{final:.1f}'} "
             f"| {best.get('score', 0):.1f} ({best.get('step', 0):,}) "
-            f"| {at('0')} / {at('15')} / {at('20')} | {hours:.1f} ({len(sittings)}) "
+            f"| {' / '.join(_reached(r, m) for m in ('0', '15', '20'))} "
+            f"| {hours:.1f} ({len(sittings)}) "
             f"| {ref_mean:.2f} ± {ref_std:.2f} "
             f"| {'yes' if r['target_met'] else 'no'}{'' if r['finished'] else ' (so far)'} |")
         seed_flag = "" if r["seed"] == 1 else f" --seed {r['seed']}"

@@ -120,10 +120,18 @@ def test_an_atari_record_states_the_run_as_it_was_started(tmp_path: Path) -> Non
 
 
 def test_an_atari_record_of_another_seed_or_game_keeps_the_pong_record() -> None:
-    from bench.atari_record import Settings, record_name
+    from bench.atari_record import Settings, record_names
+
+    def record_name(s: Settings) -> str:
+        return record_names(s)[0]
 
     assert record_name(Settings()) == "summary_atari"
     assert record_name(Settings(seed=2)) == "summary_atari-ALE-Pong-v5-seed2"
     assert record_name(Settings(env="ALE/Breakout-v5")) == "summary_atari-ALE-Breakout-v5-seed1"
     assert record_name(Settings(seed=2, tag="x")) == "summary_atari-x"
     assert record_name(Settings(seed=2, quick=True)) == "atari_record"
+    # each curve beside its record, as named before the seed records existed
+    assert [record_names(s)[1] for s in (Settings(), Settings(seed=2), Settings(tag="x"),
+                                         Settings(quick=True))] == [
+        "atari-ALE-Pong-v5", "atari-ALE-Pong-v5-seed2", "atari-ALE-Pong-v5-x",
+        "atari-ALE-Pong-v5-quick"]
