@@ -39,12 +39,18 @@ class Settings:
     """One seed, 100k steps (a smoke run)."""
 
 
+FULL_WINDOW = 100
+"""Episodes a mean(100) is taken over."""
+
+
 def first_reaching(metrics: Path, threshold: float) -> int | None:
-    """The first step whose mean(100) reached `threshold`, or None."""
+    """The first step whose mean(100) reached `threshold` over a full window of 100
+    episodes, or None (MiniGrid's first update read 0.80 over its first 2 episodes)."""
     for line in metrics.read_text().splitlines():
         row = json.loads(line)
         value = row.get("charts/mean_return_100")
-        if isinstance(value, (int, float)) and value >= threshold:
+        full = row.get("charts/episodes", FULL_WINDOW) >= FULL_WINDOW
+        if isinstance(value, (int, float)) and value >= threshold and full:
             return int(row["global_step"])
     return None
 

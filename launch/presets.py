@@ -86,9 +86,10 @@ def preset_for(observation_space: gym.Space, action_space: gym.Space,
         return "atari", "an Atari game (ale-py)"
     # The atari preset's training settings (raw rewards, lr 2.5e-4, 128 steps) learned
     # LitQuadrant (3x32x32 pixels) to 10.8 in 40k steps where the shipped ones reached
-    # 16.0, and SpotTheLight (an image and a vector) to 7.0 in 100k where the shipped
-    # ones reached 14 at 34k; and a user's rewards of any scale want the normalisation
-    # that the atari preset turns off (it clips an Atari game's rewards instead).
+    # 16.0, and SpotTheLight's first version (an image and a vector) to 7.0 in 100k
+    # where the shipped ones reached 14 at 34k; and a user's rewards of any scale want
+    # the normalisation that the atari preset turns off (it clips an Atari game's
+    # rewards instead).
     layout = ObsLayout.of(observation_space)
     images = [leaf.name for leaf in layout.leaves if leaf.encoding == IMAGE]
     if layout.nested:

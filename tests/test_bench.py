@@ -135,3 +135,17 @@ def test_an_atari_record_of_another_seed_or_game_keeps_the_pong_record() -> None
                                          Settings(quick=True))] == [
         "atari-ALE-Pong-v5", "atari-ALE-Pong-v5-seed2", "atari-ALE-Pong-v5-x",
         "atari-ALE-Pong-v5-quick"]
+
+
+def test_a_bar_counts_as_reached_only_over_a_full_window_of_episodes(tmp_path: Path) -> None:
+    # bench.spaces once recorded MiniGrid at its bar from step 1,024: a mean of 2 episodes
+    from bench.memory import first_reaching
+
+    rows = [{"global_step": 1024, "charts/episodes": 2.0, "charts/mean_return_100": 0.80},
+            {"global_step": 6656, "charts/episodes": 76.0, "charts/mean_return_100": 0.90},
+            {"global_step": 11776, "charts/episodes": 157.0, "charts/mean_return_100": 0.79},
+            {"global_step": 16896, "charts/episodes": 240.0, "charts/mean_return_100": 0.85}]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert first_reaching(metrics, 0.8) == 16896
+    assert first_reaching(metrics, 0.9) is None

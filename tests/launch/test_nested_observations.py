@@ -1,11 +1,11 @@
 """Dict observations end to end: real workers (or env servers) and a real learner over
 loopback gRPC learn SpotTheLight, whose 3x32x32 uint8 image and 2-vector must both be
-read (either alone scores at most 8 of 16; random play 4), through `hetrl local` with
-worker and central inference and through `hetrl emulate`; the kept policy plays it
-through `load_policy`. A run of 100k steps (2 workers x 8 envs, seed 1, two busy loops
-beside it) reached mean(100) 14.1 at 34k steps and 15.3 at 42k: the tests ask 13 at
-80k. MiniGrid, a third-party Dict env (a 7x7x3 grid and a Discrete direction),
-learns too when its mission text is dropped
+read (either alone scores 8 of 16; random play 4), through `hetrl local` with worker
+and central inference and through `hetrl emulate`; the kept policy plays it through
+`load_policy`. Beside two busy loops (2 workers x 8 envs, seed 1), five
+central-inference runs reached mean(100) 13 between 16k and 25k steps, three
+worker-inference runs at 24k: the tests ask 13 at 80k. MiniGrid, a third-party Dict env
+(a 7x7x3 grid and a Discrete direction), learns too when its mission text is dropped
 (`--drop-observations mission`, which hetrl's refusal of that text leaf names)."""
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ from hetrl.rollout.evaluate import evaluate, load_policy
 from tests.helpers import hetrl, learns_and_plays
 
 THRESHOLD = 13.0
-# 80k steps for every way of running it. At 50k the bar sits on the curve: central
-# inference (one fragment per worker per update) sat at 8 (one leaf read) until 30k
-# beside two busy loops and read 12.4 at 47k; an emulated job (1 env host x 2 workers)
-# read 12.97 at 50k; worker inference read 12.57 at 50k in a suite run beside a
-# 2.5M-step Pong run.
+# 80k steps for every way of running it, three times the steps the runs above needed:
+# the env's first version (the vector mirrored the quadrant, an interaction to discover)
+# reached 13 near 30k in most runs but sat at 8 past 80k in a CI run of central inference.
 STEPS = {"worker": 80_000, "central": 80_000}
 EMULATED_STEPS = 80_000
 
