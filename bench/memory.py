@@ -12,7 +12,6 @@ bench/results/summary_memory.json.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import time
 from pathlib import Path
@@ -20,7 +19,8 @@ from pathlib import Path
 import tyro
 
 from bench import common
-from hetrl.launch import run_local
+from hetrl.launch import report, run_local
+from hetrl.rollout.errors import ConfigError
 
 ENV = "bench.envs:CartPoleNoVel"
 
@@ -39,20 +39,16 @@ class Settings:
     """One seed, 100k steps (a smoke run)."""
 
 
-FULL_WINDOW = 100
-"""Episodes a mean(100) is taken over."""
-
-
-def first_reaching(metrics: Path, threshold: float) -> int | None:
-    """The first step whose mean(100) reached `threshold` over a full window of 100
-    episodes, or None (MiniGrid's first update read 0.80 over its first 2 episodes)."""
-    for line in metrics.read_text().splitlines():
-        row = json.loads(line)
-        value = row.get("charts/mean_return_100")
-        full = row.get("charts/episodes", FULL_WINDOW) >= FULL_WINDOW
-        if isinstance(value, (int, float)) and value >= threshold and full:
-            return int(row["global_step"])
-    return None
+def first_reaching(run_dir: Path, threshold: float) -> int | None:
+    """The first step at which the run's mean(100) reached `threshold`, judged as `hetrl
+    report` judges it (once 100 episodes have ended: MiniGrid's first update read 0.80
+    over 2), or None."""
+    try:
+        curve = report.judged(report.return_curve(report.Run(run_dir)))
+    except ConfigError:  # no episode has ended
+        return None
+    point = report.first_reaching(curve, threshold)
+    return point.step if point else None
 
 
 def run(policy: str, seed: int, s: Settings) -> dict:
@@ -64,7 +60,7 @@ def run(policy: str, seed: int, s: Settings) -> dict:
     return {"policy": policy, "seed": seed, "ok": result.ok,
             "final_mean_return_100": result.summary.get("mean_return_100"),
             "best_mean_return": (result.summary.get("best") or {}).get("mean_return"),
-            "first_step_at_threshold": first_reaching(out / "metrics.jsonl", s.threshold),
+            "first_step_at_threshold": first_reaching(out, s.threshold),
             "wall_s": round(time.perf_counter() - start, 1)}
 
 

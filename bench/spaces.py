@@ -55,7 +55,7 @@ def run(name: str, inference: str) -> dict:
     final = result.summary.get("mean_return_100")
     return {"case": name, "inference": inference, "ok": result.ok, "steps": steps,
             "bar": bar, "random_play": random_play, "final_mean_return_100": final,
-            "first_step_at_bar": first_reaching(out / "metrics.jsonl", bar),
+            "first_step_at_bar": first_reaching(out, bar),
             "passed": bool(result.ok and final is not None and final >= bar),
             "wall_s": round(time.perf_counter() - start, 1)}
 

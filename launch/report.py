@@ -32,6 +32,8 @@ log = logging.getLogger("hetrl.report")
 
 REPORT_DIR = "report"
 RETURN = "charts/mean_return_100"  # the learner's mean return of the last 100 episodes
+EPISODES = "charts/episodes"  # episodes ended so far
+WINDOW = 100  # episodes in that mean (the learner keeps no best policy before this many)
 RUN_FILES = ("summary.json", "metrics.jsonl")  # a directory with neither is not a run
 
 
@@ -417,6 +419,9 @@ class Point:
     value: float
     step: int
     seconds: float
+    full: bool = True
+    """Whether 100 episodes had ended (a mean of fewer says little; runs that do not
+    record the count are taken as full)."""
 
     def when(self) -> str:
         """`12,000 steps, 34.5 s`."""
@@ -429,7 +434,8 @@ def return_curve(run: Run) -> list[Point]:
     Raises:
         ConfigError: the run has finished no episode yet.
     """
-    points = [Point(float(r[RETURN]), int(r["global_step"]), float(r["wall_seconds"]))
+    points = [Point(float(r[RETURN]), int(r["global_step"]), float(r["wall_seconds"]),
+                    r.get(EPISODES, WINDOW) >= WINDOW)
               for r in run.records if RETURN in r]
     if not points:
         raise ConfigError(
@@ -438,6 +444,13 @@ def return_curve(run: Run) -> list[Point]:
             "return to compare; let it run until episodes end (check that the env ends "
             "them, e.g. with a TimeLimit), then compare again")
     return points
+
+
+def judged(curve: Sequence[Point]) -> list[Point]:
+    """The points that judge a run (best, first to reach a target): those over a full
+    window of 100 episodes, or every point of a run that never had 100 (a lucky first
+    episode or two would otherwise stand as the best or the first to reach a target)."""
+    return [p for p in curve if p.full] or list(curve)
 
 
 def first_reaching(curve: Sequence[Point], target: float) -> Point | None:
@@ -547,7 +560,7 @@ def compare(path_a: Path, path_b: Path, type_a: str = "", type_b: str = "",
             or an instance type has no price.
     """
     runs = (Run(path_a), Run(path_b))
-    curves = [return_curve(run) for run in runs]
+    curves = [judged(return_curve(run)) for run in runs]
     best = [max(curve, key=lambda p: p.value) for curve in curves]
     if target_return is None:
         lower = 0 if best[0].value <= best[1].value else 1

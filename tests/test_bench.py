@@ -141,11 +141,10 @@ def test_a_bar_counts_as_reached_only_over_a_full_window_of_episodes(tmp_path: P
     # bench.spaces once recorded MiniGrid at its bar from step 1,024: a mean of 2 episodes
     from bench.memory import first_reaching
 
-    rows = [{"global_step": 1024, "charts/episodes": 2.0, "charts/mean_return_100": 0.80},
-            {"global_step": 6656, "charts/episodes": 76.0, "charts/mean_return_100": 0.90},
-            {"global_step": 11776, "charts/episodes": 157.0, "charts/mean_return_100": 0.79},
-            {"global_step": 16896, "charts/episodes": 240.0, "charts/mean_return_100": 0.85}]
-    metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert first_reaching(metrics, 0.8) == 16896
-    assert first_reaching(metrics, 0.9) is None
+    rows = [{"global_step": step, "wall_seconds": step / 1000, "charts/episodes": episodes,
+             "charts/mean_return_100": mean}
+            for step, episodes, mean in [(1024, 2, 0.80), (6656, 76, 0.90),
+                                         (11776, 157, 0.79), (16896, 240, 0.85)]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert first_reaching(tmp_path, 0.8) == 16896
+    assert first_reaching(tmp_path, 0.9) is None

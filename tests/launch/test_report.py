@@ -108,11 +108,12 @@ SETTINGS = {"env": "CartPole-v1", "total_steps": 10_000, "learning_rate": 0.001,
 
 def fake_run(path: Path, returns: list[float | None], step: int = 1_000,
              seconds: float = 2.0, settings: dict | None = None, summary: bool = True,
-             instance_type: str = "") -> Path:
+             instance_type: str = "", episodes: list[int] | None = None) -> Path:
     """A run directory as the learner leaves it: one metrics.jsonl record per update,
     `step` env steps and `seconds` apart, with the mean return(100) of `returns` (None:
     no episode had ended yet); summary.json unless the run is still going; its
-    settings.json; cluster.json when it stands for `instance_type`."""
+    settings.json; cluster.json when it stands for `instance_type`; `episodes` ended by
+    each update, where given."""
     path.mkdir(parents=True)
     records = []
     for i, value in enumerate(returns, 1):
@@ -123,6 +124,8 @@ def fake_run(path: Path, returns: list[float | None], step: int = 1_000,
         if value is not None:
             record["charts/episodic_return"] = value
             record["charts/mean_return_100"] = value
+        if episodes is not None:
+            record["charts/episodes"] = episodes[i - 1]
         records.append(record)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if summary:
@@ -215,6 +218,22 @@ def test_target_return_default_and_explicit(two_runs: tuple[Path, Path]) -> None
                                                              "50.00x"]
     missed = compare(a, b, target_return=170)
     assert _row(missed, "env steps to mean return 170.0") == ["5,000", "not reached", ""]
+
+
+def test_a_mean_of_the_first_few_episodes_is_neither_best_nor_first_to_reach(
+        tmp_path: Path) -> None:
+    # MiniGrid's first update read 0.80 over 2 episodes; its runs reach 0.8 near 28k steps
+    lucky = fake_run(tmp_path / "lucky", [0.8, 0.3, 0.5, 0.85, 0.7], episodes=[2, 76, 157,
+                                                                              240, 330])
+    steady = fake_run(tmp_path / "steady", [0.1, 0.3, 0.5, 0.6, 0.75], episodes=[2, 76, 157,
+                                                                               240, 330])
+    text = compare(lucky, steady, target_return=0.8)
+    assert _row(text, "env steps to mean return 0.8")[:2] == ["4,000", "not reached"]
+    assert _row(text, "best mean return (100)")[:2] == ["0.8", "0.8"]  # 0.85 and 0.75
+    assert _row(text, "reached at")[0].startswith("4,000 steps")
+    # a run that never had 100 episodes is judged by what it has
+    short = fake_run(tmp_path / "short", [0.2, 0.9], episodes=[2, 40])
+    assert _row(compare(short, steady), "reached at")[0].startswith("2,000 steps")
 
 
 def test_compare_shows_cost_when_instance_types_are_known(
