@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     reached = result["first_reached"]["15"]
     common.print_table(
-        f"{s.env} with the defaults, seed {s.seed}: mean score of the last 100 games",
+        f"{s.env} with {f'the settings of {s.tag}' if s.tag else 'the defaults'}, "
+        f"seed {s.seed}: mean score of the last 100 games",
         ["env steps", "frames", "final score", "best", "reached 15 at step", "learner wall s",
          "sittings", "finished", f">= {s.target:g}"],
         [[f"{result['global_step']:,}", f"{result['frames']:,}",

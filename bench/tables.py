@@ -138,21 +138,23 @@ def _score_at(r: dict[str, Any], step: int) -> str:
 
 
 ATARI_AB = ("summary_atari-ab-lag2", "summary_atari-ab-lag1", "summary_atari",
-            "summary_atari-ab-sticky0")
+            "summary_atari-ab-sticky0", "summary_atari-ALE-Pong-v5-seed2",
+            "summary_atari-ab-seed2-sticky0")
 """The Pong runs that chose the atari preset (the one before, then each change), then the
-shipped preset on v4's rules."""
+shipped preset on v4's rules; then the shipped preset against v4's rules again, seed 2."""
 
 V5_STICKY_ACTIONS = 0.25
 """ALE v5's default, which runs recorded before run_settings kept the field played."""
 
 
 def table_atari_ab() -> str:
-    """The runs that chose the atari preset's batch, lag and clip anchor (one seed each)."""
+    """The runs that chose the atari preset's batch, lag and clip anchor (one seed each),
+    and the sticky-actions A/B (two seeds)."""
     marks = range(500_000, 2_500_001, 500_000)
-    lines = ["| workers x envs x steps, credits per worker | clip against | sticky actions | "
-             + " | ".join(f"{m // 1000:,}k" for m in marks)
+    lines = ["| workers x envs x steps, credits per worker | clip against | sticky actions "
+             "| seed | " + " | ".join(f"{m // 1000:,}k" for m in marks)
              + " | mean lag | clip fraction: mean (updates > 0.2) | approx KL, median "
-             "| commit |", "|---|---|---|" + "---|" * len(marks) + "---|---|---|---|"]
+             "| commit |", "|---|---|---|---|" + "---|" * len(marks) + "---|---|---|---|"]
     sources = []
     for name in ATARI_AB:
         record = _record(name)
@@ -163,7 +165,7 @@ def table_atari_ab() -> str:
         commits = ", ".join(dict.fromkeys(x["commit"] for x in r["sittings"]))
         sticky = given.get("atari_sticky_actions")
         lines.append(f"| {what} | {given.get('clip_against') or 'behaviour'} "
-                     f"| {V5_STICKY_ACTIONS if sticky is None else sticky:g} | "
+                     f"| {V5_STICKY_ACTIONS if sticky is None else sticky:g} | {r['seed']} | "
                      + " | ".join(_score_at(r, m) for m in marks)
                      + f" | {health['policy_lag_mean']:.2f} | {health['clipfrac_mean']:.2f} "
                      f"({health['clipfrac_over_0_2']:.0%}) | {health['approx_kl_median']:.4f} "
