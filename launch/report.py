@@ -27,13 +27,13 @@ from typing import Any
 
 from hetrl.launch.prices import PriceTable, cost_per_million_steps, load_prices
 from hetrl.rollout.errors import ConfigError
+from hetrl.rollout.models import RETURN_WINDOW
 
 log = logging.getLogger("hetrl.report")
 
 REPORT_DIR = "report"
 RETURN = "charts/mean_return_100"  # the learner's mean return of the last 100 episodes
 EPISODES = "charts/episodes"  # episodes ended so far
-WINDOW = 100  # episodes in that mean (the learner keeps no best policy before this many)
 RUN_FILES = ("summary.json", "metrics.jsonl")  # a directory with neither is not a run
 
 
@@ -435,7 +435,7 @@ def return_curve(run: Run) -> list[Point]:
         ConfigError: the run has finished no episode yet.
     """
     points = [Point(float(r[RETURN]), int(r["global_step"]), float(r["wall_seconds"]),
-                    r.get(EPISODES, WINDOW) >= WINDOW)
+                    r.get(EPISODES, RETURN_WINDOW) >= RETURN_WINDOW)
               for r in run.records if RETURN in r]
     if not points:
         raise ConfigError(

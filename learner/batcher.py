@@ -36,6 +36,7 @@ from hetrl.learner.ppo import Batch
 from hetrl.learner.stalls import StallWatch
 from hetrl.rollout.errors import HetrlError, ProtocolError, WorkerLostError
 from hetrl.rollout.fragments import ReceivedFragment, flat_steps, nested_steps
+from hetrl.rollout.models import RETURN_WINDOW
 from hetrl.rollout.observations import tree_map
 
 log = logging.getLogger("hetrl.learner")
@@ -156,7 +157,8 @@ class Batcher:
         self.dropped_lag = 0
         self._warned_drops = False
         self.lag_histogram: collections.Counter[int] = collections.Counter()
-        self.recent_returns: collections.deque[float] = collections.deque(maxlen=100)
+        self.recent_returns: collections.deque[float] = collections.deque(
+            maxlen=RETURN_WINDOW)
         # global_step and recent_returns change together, on this thread; `progress`
         # reads them together (the best policy and its metrics row must name one step).
         self._books_lock = threading.Lock()

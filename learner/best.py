@@ -23,12 +23,9 @@ import torch
 from safetensors.numpy import save as safetensors_bytes
 
 from hetrl.learner.checkpoint import write_atomic
-from hetrl.rollout.models import BEST_CHOSEN_BY_TRAINING, BEST_MODEL_FILE, best_info
+from hetrl.rollout.models import BEST_CHOSEN_BY_TRAINING, BEST_MODEL_FILE, RETURN_WINDOW, best_info
 
 log = logging.getLogger("hetrl.learner")
-
-WINDOW = 100
-"""Training episodes the mean is taken over; no policy is kept before there are this many."""
 
 
 class BestPolicy:
@@ -50,10 +47,10 @@ class BestPolicy:
     def offer(self, state: dict[str, torch.Tensor], returns: Sequence[float],
               global_step: int, version: int) -> None:
         """After an update: keep `state` (weights nobody modifies) if the mean of the
-        last WINDOW training `returns` beats the best so far."""
-        if not self.enabled or len(returns) < WINDOW:
+        last RETURN_WINDOW training `returns` beats the best so far."""
+        if not self.enabled or len(returns) < RETURN_WINDOW:
             return
-        mean = float(np.mean(list(returns)[-WINDOW:]))
+        mean = float(np.mean(list(returns)[-RETURN_WINDOW:]))
         if self.mean_return is not None and mean <= self.mean_return:
             return
         self.mean_return, self.global_step, self.version = mean, global_step, version

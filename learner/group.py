@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from hetrl.rollout.errors import ConfigError, HetrlError
+from hetrl.rollout.models import RETURN_WINDOW
 
 log = logging.getLogger("hetrl.learner")
 
@@ -331,7 +332,7 @@ class GroupBooks:
     lag_histogram: collections.Counter[int] = dataclasses.field(
         default_factory=collections.Counter)
     recent_returns: collections.deque[float] = dataclasses.field(
-        default_factory=lambda: collections.deque(maxlen=100))
+        default_factory=lambda: collections.deque(maxlen=RETURN_WINDOW))
     rank_wait_seconds: list[float] = dataclasses.field(default_factory=list)
     """Each rank's wait for its own batch, summed."""
     rank_lockstep_seconds: list[float] = dataclasses.field(default_factory=list)

@@ -25,6 +25,9 @@ BEST_MODEL_FILE = "model-best.safetensors"
 BEST_CHOSEN_BY_TRAINING = "training return"
 BEST_CHOSEN_BY_EVALUATION = "evaluation"
 WHICH = ("best", "final")
+RETURN_WINDOW = 100
+"""Training episodes a run's mean return is taken over (its mean(100)); the learner keeps
+no best policy, and `hetrl report` judges no run, before this many have ended."""
 
 
 def best_info(path: Path) -> dict[str, Any] | None:
@@ -76,8 +79,9 @@ def model_file(run: str | Path, which: str = "final") -> Path:
         return model
     if which == "best":
         raise ConfigError(
-            f"no {BEST_MODEL_FILE} in {folder}: a run keeps its best policy once 100 "
-            "training episodes have ended (or from its first evaluation with --eval-every); "
-            "use the final one (which='final', `hetrl enjoy --which final`)")
+            f"no {BEST_MODEL_FILE} in {folder}: a run keeps its best policy once "
+            f"{RETURN_WINDOW} training episodes have ended (or from its first evaluation "
+            "with --eval-every); use the final one (which='final', `hetrl enjoy --which "
+            "final`)")
     raise ConfigError(f"no {MODEL_FILE} in {folder}: give a run directory (runs/<name>) "
                       "or the model file itself")
