@@ -43,6 +43,8 @@ import psutil
 import tyro
 
 from bench import common
+from hetrl.launch import report
+from hetrl.rollout.errors import ConfigError
 
 CLEANRL_PONG = (20.36, 0.20)
 """CleanRL ppo_atari.py, PongNoFrameskip-v4, 10M frames: mean ± std over 3 seeds."""
@@ -179,40 +181,47 @@ def _job_cpu(pid: int, seen: dict[int, float]) -> None:
         seen[process.pid] = cpu.user + cpu.system
 
 
-def _rows(out: Path) -> list[dict[str, Any]]:
-    metrics = out / "metrics.jsonl"
-    if not metrics.exists():
-        return []
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+def _run(out: Path) -> report.Run | None:
+    """The run in `out` as `hetrl report` reads it, or None before it has written any."""
+    try:
+        return report.Run(out)
+    except ConfigError:
+        return None
 
 
 def _last_step(out: Path) -> int:
-    rows = _rows(out)
-    return int(rows[-1]["global_step"]) if rows else 0
+    run = _run(out)
+    return int(run.records[-1]["global_step"]) if run and run.records else 0
 
 
 def record(s: Settings, out: Path, sittings: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's record from its directory: score curve, milestones, time, sittings."""
-    rows = _rows(out)
-    curve = [(int(r["global_step"]), float(r["charts/mean_return_100"]),
-              float(r["wall_seconds"])) for r in rows if "charts/mean_return_100" in r]
+    run = _run(out)
+    rows = run.records if run else []
+    try:
+        curve = report.return_curve(run) if run else []
+    except ConfigError:  # no game has ended yet
+        curve = []
+    # Best and first-to-reach are judged as `hetrl report` judges them: once 100 games
+    # have ended.
+    judged = report.judged(curve)
     stride = max(1, len(curve) // CURVE_POINTS)
     sampled = curve[::stride] + ([curve[-1]] if curve and (len(curve) - 1) % stride else [])
-    summary = json.loads((out / "summary.json").read_text()) \
-        if (out / "summary.json").exists() else {}
-    final = curve[-1][1] if curve else None
-    best = max(curve, key=lambda point: point[1]) if curve else None
-    first = {f"{m:g}": next(({"step": p[0], "wall_s": p[2]} for p in curve if p[1] >= m),
-                            None) for m in MILESTONES}
+    summary = run.summary if run else {}
+    final = curve[-1].value if curve else None
+    best = max(judged, key=lambda point: point.value, default=None)
+    reached = {f"{m:g}": report.first_reaching(judged, m) for m in MILESTONES}
+    first = {m: None if p is None else {"step": p.step, "wall_s": p.seconds}
+             for m, p in reached.items()}
     step = int(rows[-1]["global_step"]) if rows else 0
-    given = json.loads((out / "settings.json").read_text()) \
-        if (out / "settings.json").exists() else {}
+    given = (run.settings() if run else None) or {}
     return {"env": s.env, "run_settings": {k: given.get(k) for k in RUN_SETTINGS},
             "update_health": _health(rows), "seed": s.seed, "total_steps": s.total_steps,
             "frames": given.get("atari_frame_skip", 4) * step, "global_step": step,
             "finished": _finished(out) and step >= s.total_steps,
             "final_mean_score_100": final,
-            "best_mean_score_100": None if best is None else {"score": best[1], "step": best[0]},
+            "best_mean_score_100": None if best is None else {"score": best.value,
+                                                                   "step": best.step},
             "first_reached": first,
             "target": s.target,
             "target_met": final is not None and final >= s.target,
@@ -223,7 +232,7 @@ def record(s: Settings, out: Path, sittings: list[dict[str, Any]]) -> dict[str, 
             "outcome": summary.get("outcome"),
             "cleanrl_ppo_atari_pong_10M_frames": list(CLEANRL_PONG),
             "sittings": sittings,
-            "curve": [[p[0], round(p[1], 2), round(p[2], 1)] for p in sampled]}
+            "curve": [[p.step, round(p.value, 2), round(p.seconds, 1)] for p in sampled]}
 
 
 def _health(rows: list[dict[str, Any]]) -> dict[str, Any]:
