@@ -2,7 +2,8 @@
 
 A named thread ("batcher") takes fragments off the fan-in queue, returns each one's
 credit once the batches ahead of its own have trained (so prefetching adds no policy
-lag), counts steps, episodes and policy lag, drops (and counts) fragments older than
+lag; --synchronous: once its own has, so every fragment is sampled with the newest
+weights), counts steps, episodes and policy lag, drops (and counts) fragments older than
 `max_policy_lag`, and copies the rest into one of two preallocated host batches
 (pinned on CUDA, so that the copy to the GPU is asynchronous). A full batch is copied to
 the device on a side stream (CUDA) and handed to the training thread with an event to
@@ -114,6 +115,7 @@ class Batcher:
         stall: StallWatch | None = None,
         on_lost: Callable[[StreamFailure], None] | None = None,
         one_per_stream: bool = False,
+        synchronous: bool = False,
     ) -> None:
         self.fan_in, self.streams, self.device = fan_in, streams, device
         # Central inference: at most one fragment per stream in a batch. A second one is
@@ -133,10 +135,14 @@ class Batcher:
         # weights its own batch trains at (as a serial learner would): prefetching never
         # adds policy lag. Every batch ahead has been handed out, so held credits always
         # come back, and a batch larger than all the credits still fills.
+        # --synchronous holds every credit until the fragment's own batch has trained:
+        # the worker's next fragment is sampled with the weights that batch made (lag 0).
+        self._synchronous = synchronous
         self._credit_lock = threading.Lock()
         self._assembling = 0
         self._done = 0
         self._version = version
+        # (updates that must have ended, stream, generation) of each credit held back
         self._held: list[tuple[int, CreditSink, int]] = []
         self._target = target
         self._max_policy_lag, self._budget_spent = max_policy_lag, budget_spent
@@ -213,8 +219,9 @@ class Batcher:
         built; return the policy version that batch will train at."""
         with self._credit_lock:
             train_version = self._version + self._assembling - self._done
-            if self._done < self._assembling:
-                self._held.append((self._assembling, stream, generation))
+            due_after = self._assembling + 1 if self._synchronous else self._assembling
+            if self._done < due_after:
+                self._held.append((due_after, stream, generation))
                 return train_version
         self._return_credit(stream, generation)
         return train_version
@@ -286,12 +293,14 @@ class Batcher:
                     return None
                 break  # train what is here; no more steps are wanted
             start = time.perf_counter()
-            fragment = self._next_fragment(in_batch)
+            fragment = self._next_fragment(in_batch, self._short_enough(len(infos)))
             waited += time.perf_counter() - start
             if fragment is None:
                 return None
             if fragment is False:
                 continue
+            if fragment is True:
+                break  # a worker was lost since the batch began: train what is here
             arrays = flat_steps(fragment.arrays)
             layout = _layout(arrays)
             n = fragment.arrays.rewards.shape[1]
@@ -347,11 +356,21 @@ class Batcher:
         index = None if count == valid.size else torch.from_numpy(np.flatnonzero(valid))
         return Batch(**nested_steps(tensors), valid_index=index, valid_count=count)
 
-    def _next_fragment(self, in_batch: set[int] | None
-                       ) -> ReceivedFragment | Literal[False] | None:
+    def _short_enough(self, taken: int) -> Callable[[], bool] | None:
+        """--synchronous: whether a batch of `taken` fragments is all it will get (a
+        worker was lost for good with its credits since the batch began), asked while
+        nothing arrives; None: a batch waits to be full."""
+        if not self._synchronous or not taken:
+            return None
+        return lambda: taken >= self._target()
+
+    def _next_fragment(self, in_batch: set[int] | None,
+                       short_enough: Callable[[], bool] | None = None
+                       ) -> ReceivedFragment | bool | None:
         """One fragment to train on; False if the one taken was dropped (or a failure was
-        handled), None if stopped. `in_batch`: ids of the streams already in this batch
-        (kept up to date here), whose further fragments are set aside; None: take any.
+        handled), True if `short_enough` says the batch ends without another, None if
+        stopped. `in_batch`: ids of the streams already in this batch (kept up to date
+        here), whose further fragments are set aside; None: take any.
 
         Raises:
             ProtocolError: a stream failed for a reason retrying cannot fix.
@@ -369,6 +388,8 @@ class Batcher:
                 if not any(stream.alive for stream in self.streams):
                     raise WorkerLostError(
                         "every worker stream has ended; nothing to train on") from None
+                if short_enough is not None and short_enough():
+                    return True
                 if self._stall is not None:
                     # No worker holds a credit: every one waits for the learner's (held
                     # until an update ends, or owed by a long save), so none is stalled.

@@ -175,7 +175,9 @@ class Learner:
             budget_spent=lambda: self._estimated_step() >= settings.total_steps,
             return_credit=self.publisher.return_credit,
             stall=stall, on_lost=lambda failure: self.books.worker_lost(failure),
-            one_per_stream=self.inference is not None,
+            # synchronous: no update while a fragment is out, so none spans two
+            one_per_stream=self.inference is not None and not settings.synchronous,
+            synchronous=settings.synchronous,
         )
         # The group's books (every rank's counts, summed at each turn) or the batcher's.
         self.tally = GroupBooks() if self.group is not None else None
@@ -273,9 +275,14 @@ class Learner:
         --target-policy-lag with the workers connected now (at least one counted, so a
         batch always has a size). Central inference, auto: one fragment from every worker
         not lost for good (connecting ones included), which with one credit each and one
-        fragment per worker per batch makes policy lag 0 or 1."""
+        fragment per worker per batch makes policy lag 0 or 1. --synchronous: every
+        credit of every worker not lost for good, so a batch never trains while a
+        worker that will send into it is still connecting (lag 0, either inference)."""
+        not_lost = sum(s.state is not StreamState.CLOSED for s in self.streams)
+        if self.settings.synchronous:
+            return self.settings.batch_fragments(not_lost)
         if self.inference is not None and self.settings.fragments_per_batch == "auto":
-            return max(1, sum(s.state is not StreamState.CLOSED for s in self.streams))
+            return max(1, not_lost)
         connected = sum(s.state is StreamState.STREAMING for s in self.streams)
         if self.group is not None and self.settings.fragments_per_batch != "auto":
             # The group's batch is what --fragments-per-batch asks, each rank's part

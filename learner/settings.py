@@ -60,6 +60,11 @@ class TrainSettings:
     target_policy_lag: float = 2.0
     """Mean policy lag (updates) that --fragments-per-batch auto aims for: lower means
     bigger batches and fresher experience, fewer updates per env step."""
+    synchronous: bool = False
+    """PPO's synchronous loop (CleanRL's, SB3's): a fragment's credit comes back only
+    once the batch it is in has trained, so every fragment is sampled with the newest
+    weights (policy lag 0) and the workers wait while the learner trains. The batch is
+    every credit of every connected worker; --target-policy-lag no longer applies."""
     epochs: int = 4
     """Passes over each batch."""
     minibatches: int = 4
@@ -128,11 +133,18 @@ class TrainSettings:
         require(self.clip_against in ("behaviour", "learner"),
                 "--clip-against must be behaviour or learner")
         require(self.gradients in ("auto", "autograd"), "--gradients must be auto or autograd")
+        require(not self.synchronous or self.fragments_per_batch == "auto",
+                "--synchronous trains on every credit of every worker at once (the batch "
+                "is workers x --credits-per-worker fragments): leave --fragments-per-batch "
+                "at auto and size the batch with --credits-per-worker or --envs-per-worker")
         _chain_post_init(self, TrainSettings)
 
     def batch_fragments(self, workers: int) -> int:
         """Fragments per training batch with `workers` workers connected: the number
-        given, or (auto) what keeps the mean policy lag near --target-policy-lag."""
+        given, or (auto) what keeps the mean policy lag near --target-policy-lag, or
+        (--synchronous) every credit of every worker."""
+        if self.synchronous:
+            return max(1, workers) * self.credits_per_worker
         if self.fragments_per_batch == "auto":
             return auto_fragments_per_batch(workers, self.credits_per_worker,
                                             self.target_policy_lag)

@@ -54,6 +54,26 @@ def test_cartpole_solved_within_300k_steps_with_central_inference(tmp_path: Path
     assert settings["inference"] == "central" and settings["credits_per_worker"] == 1
 
 
+@pytest.mark.parametrize(("inference", "credits"), [("worker", 2), ("central", 1)])
+def test_synchronous_runs_train_every_fragment_at_lag_0(tmp_path: Path, inference: str,
+                                                        credits: int) -> None:
+    # --synchronous holds each credit until its fragment's own batch has trained, so
+    # every fragment is sampled with the newest weights, busy machine or not, and every
+    # batch is every credit of both workers.
+    result = run_local(env="CartPole-v1", workers=2, envs_per_worker=4, fragment_length=32,
+                       total_steps=12_000, seed=1, inference=inference, synchronous=True,
+                       credits_per_worker=credits, out=str(tmp_path / inference),
+                       progress=False, report=False, metrics_every=0)
+    summary = result.summary
+    assert result.ok and summary["outcome"] == "finished", summary
+    assert set(summary["policy_lag_histogram"]) == {"0"}, summary
+    assert summary["fragments_dropped_lag"] == 0
+    rows = [json.loads(line) for line in (result.out / "metrics.jsonl").read_text().splitlines()]
+    sizes = [row["charts/fragments_per_batch"] for row in rows
+             if "charts/fragments_per_batch" in row]
+    assert len(sizes) > 20 and set(sizes[:-1]) == {2.0 * credits}, sizes  # the last: budget
+
+
 def solve_curve(out: Path) -> list[float]:
     """The run's mean return of the last 100 episodes, record by record: solved, as
     bench.solve counts it, when it reaches 475 (PPO's mean can dip after solving)."""

@@ -449,6 +449,50 @@ def test_central_batches_take_one_fragment_per_worker_and_hold_the_rest_back() -
         batcher.stop()
 
 
+def test_synchronous_credits_wait_for_their_own_batch_and_a_short_batch_closes() -> None:
+    """--synchronous: no credit goes back before the update of the batch its fragment is
+    in, so every fragment trains at lag 0; a batch whose last worker stopped streaming
+    trains what it has instead of waiting for a fragment that cannot come."""
+    fan_in: queue.Queue = queue.Queue()
+    a, b = FakeStream(), FakeStream()
+    streaming = [a, b]
+    batcher = Batcher(fan_in, [a, b], torch.device("cpu"), target=lambda: len(streaming),
+                      version=0, max_policy_lag=0, budget_spent=lambda: False,
+                      synchronous=True)
+    batcher.start()
+    try:
+        fan_in.put((a, 1, fragment(0, 1)))
+        fan_in.put((b, 1, fragment(0, 2)))
+        first = batcher.next(timeout=10)
+        assert first is not None and len(first.infos) == 2
+        assert a.credits == 0 and b.credits == 0  # held through the batch's own update
+        assert batcher.next(timeout=0.5) is None  # nothing was sampled meanwhile
+        for stream, generation in batcher.update_done(1):
+            stream.return_credit(generation)
+        assert a.credits == 1 and b.credits == 1
+        batcher.release(first)
+        fan_in.put((a, 1, fragment(1, 3)))
+        assert batcher.next(timeout=1.0) is None  # b still streams: the batch waits
+        streaming.remove(b)  # b lost for good, its credit with it
+        second = batcher.next(timeout=10)
+        assert second is not None and [i.policy_version for i in second.infos] == [1]
+        assert a.credits == 1  # still held until this batch trains
+        for stream, generation in batcher.update_done(2):
+            stream.return_credit(generation)
+        assert a.credits == 2
+        assert batcher.lag_histogram == {0: 3} and batcher.dropped_lag == 0
+    finally:
+        batcher.stop()
+
+
+def test_synchronous_batch_is_every_credit_and_refuses_a_fixed_size() -> None:
+    settings = TrainSettings(synchronous=True, credits_per_worker=2)
+    assert settings.batch_fragments(3) == 6
+    assert settings.batch_fragments(0) == 2
+    with pytest.raises(ConfigError, match="--synchronous"):
+        TrainSettings(synchronous=True, fragments_per_batch=4)
+
+
 def test_failed_publications_are_counted_and_three_in_a_row_end_the_run() -> None:
     from hetrl.learner.publisher import MAX_FAILURES_IN_A_ROW
     from hetrl.rollout.errors import HetrlError
