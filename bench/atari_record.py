@@ -50,6 +50,8 @@ CLEANRL_PONG = (20.36, 0.20)
 """CleanRL ppo_atari.py, PongNoFrameskip-v4, 10M frames: mean ± std over 3 seeds."""
 MILESTONES = (0.0, 15.0, 20.0)
 CURVE_POINTS = 200
+SCORE_EVERY = 500_000
+"""Agent steps between the scores the record keeps exactly (the curve is thinned)."""
 
 
 @dataclasses.dataclass
@@ -223,6 +225,7 @@ def record(s: Settings, out: Path, sittings: list[dict[str, Any]]) -> dict[str, 
             "best_mean_score_100": None if best is None else {"score": best.value,
                                                                    "step": best.step},
             "first_reached": first,
+            "score_at": _score_at(curve, step),
             "target": s.target,
             "target_met": final is not None and final >= s.target,
             "learner_wall_s": float(rows[-1]["wall_seconds"]) if rows else None,
@@ -233,6 +236,18 @@ def record(s: Settings, out: Path, sittings: list[dict[str, Any]]) -> dict[str, 
             "cleanrl_ppo_atari_pong_10M_frames": list(CLEANRL_PONG),
             "sittings": sittings,
             "curve": [[p.step, round(p.value, 2), round(p.seconds, 1)] for p in sampled]}
+
+
+def _score_at(curve: list[report.Point], step: int) -> dict[str, float]:
+    """The mean score every SCORE_EVERY steps the run has reached, from the whole curve
+    (its last point at or before the step), so a milestone does not move as the kept
+    curve's stride grows with the run."""
+    scores = {}
+    for mark in range(SCORE_EVERY, step + 1, SCORE_EVERY):
+        before = [p for p in curve if p.step <= mark]
+        if before:
+            scores[str(mark)] = round(before[-1].value, 2)
+    return scores
 
 
 def _health(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -130,9 +130,12 @@ def table_startup() -> str:
 
 
 def _score_at(r: dict[str, Any], step: int) -> str:
-    """An Atari record's mean score at `step`: its curve's last point at or before it."""
+    """An Atari record's mean score at `step`: as the record kept it, or (records made
+    before it kept them) its thinned curve's last point at or before it."""
     if step >= r["total_steps"] and r["finished"]:
         return f"{r['final_mean_score_100']:.1f}"
+    if str(step) in r.get("score_at", {}):
+        return f"{r['score_at'][str(step)]:.1f}"
     points = [p for p in r["curve"] if p[0] <= step]  # (steps, mean score, wall s)
     return f"{points[-1][1]:.1f}" if points and r["global_step"] >= step else "-"
 

@@ -119,6 +119,27 @@ def test_an_atari_record_states_the_run_as_it_was_started(tmp_path: Path) -> Non
     assert result["frames"] == 2 * 2048 and result["final_mean_score_100"] == -5.0
 
 
+def test_an_atari_record_keeps_its_milestone_scores_exactly(tmp_path: Path) -> None:
+    # The kept curve is thinned to about 200 points; the 500k-step scores must not move
+    # with its stride.
+    from bench.atari_record import Settings, record
+    from bench.tables import _score_at
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "settings.json").write_text(json.dumps(
+        {"env": "ALE/Pong-v5", "seed": 3, "total_steps": 1_500_000}))
+    steps = range(1000, 1_200_001, 1000)  # 1,200 rows, every 1,000 steps
+    (out / "metrics.jsonl").write_text("\n".join(json.dumps(
+        {"global_step": step, "charts/mean_return_100": step / 100_000,
+         "wall_seconds": step / 100}) for step in steps))
+    result = record(Settings(run_dir=str(out), tag="t", total_steps=1_500_000), out, [])
+    assert len(result["curve"]) < 300
+    assert result["score_at"] == {"500000": 5.0, "1000000": 10.0}
+    assert _score_at(result, 1_000_000) == "10.0"
+    assert _score_at(result, 1_500_000) == "-"  # not reached yet
+
+
 def test_an_atari_record_of_another_seed_or_game_keeps_the_pong_record() -> None:
     from bench.atari_record import Settings, record_names
 
