@@ -458,7 +458,8 @@ class RunBooks:
         hosts = {address.rsplit(":", 1)[0] for address in workers}
         verdict = judge(self.wait_seconds, self.train_seconds, self.worker_collect_seconds,
                         self.worker_wait_seconds, len(self.streams), len(hosts),
-                        stalled_seconds=stalled, env_steps=books.global_step)
+                        stalled_seconds=stalled, env_steps=books.global_step,
+                        synchronous=self.settings.synchronous)
         if failure is not None:
             verdict = dataclasses.replace(verdict, kind="failed", text=failure)
         elif self.verdict_note is not None and (note := self.verdict_note()):

@@ -18,6 +18,9 @@ EXPERIENCE_BOUND_WAIT = 0.5  # learner waited for data this fraction of its time
 LEARNER_BOUND_WAIT = 0.3  # workers waited for credits this fraction of their time
 STALLED = 0.5  # every worker silent this fraction of the learner's time
 LOCKSTEP_WASTE = 0.2  # a learner group's rank waited for the others this share of its time
+SYNCHRONOUS_NOTE = ("--synchronous: the learner and the workers take turns, so each waits "
+                    "while the other works; without it they overlap, at a policy lag of 1 "
+                    "or more")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,14 +44,18 @@ def judge(
     env_hosts: int = 1,
     stalled_seconds: float = 0.0,
     env_steps: int = 0,
+    synchronous: bool = False,
 ) -> Verdict:
     """Judge a run from its totals (seconds summed over the run; workers summed too).
     `stalled_seconds` of the learner's wait had no worker sending anything; `env_steps`
-    collected in `worker_collect_seconds` give the env's measured step cost."""
+    collected in `worker_collect_seconds` give the env's measured step cost; a
+    `synchronous` run's waits are its design, and the verdict says so."""
     stall = min(max(stalled_seconds, 0.0), learner_wait_seconds)
     learner_waited = _share(learner_wait_seconds - stall, learner_train_seconds)
     workers_waited = _share(worker_wait_seconds, worker_collect_seconds)
     verdict = _judge(learner_waited, workers_waited, workers, env_hosts)
+    if synchronous:
+        verdict = dataclasses.replace(verdict, text=f"{verdict.text}; {SYNCHRONOUS_NOTE}")
     if verdict.kind == "experience-bound" and env_steps and worker_collect_seconds > 0:
         per_step = worker_collect_seconds / env_steps
         verdict = dataclasses.replace(verdict, text=(

@@ -15,6 +15,12 @@ def test_judge_reads_the_wait_fractions() -> None:
     assert judge(10, 90, 90, 10, workers=2).kind == "balanced"
 
 
+def test_a_synchronous_run_is_told_its_waits_are_by_design() -> None:
+    turns = judge(60, 40, 70, 30, workers=2, synchronous=True)
+    assert turns.kind == "experience-bound" and "take turns" in turns.text
+    assert "take turns" not in judge(60, 40, 70, 30, workers=2).text
+
+
 def test_a_stall_is_not_a_shortage() -> None:
     # 30 s of the learner's 40 s waiting were a stall (no worker sent anything): the old
     # verdict read 75% wait as "experience-bound; add workers".
