@@ -16,8 +16,8 @@ buffer, and minibatches come from the same `torch.randperm` stream, so a seeded 
 draws the same minibatches either way. Tests hold its gradients, statistics and trained
 weights equal to autograd's. `for_policy` says whether it applies (the built-in MLP
 actor-critic, float32, on CPU, `PolicyAdam` flat, `--gradients auto`, Discrete or Box
-actions); anything else (a custom --policy, pixels, a GPU, MultiDiscrete or MultiBinary
-actions) trains through autograd.
+actions, no --value-clip); anything else (a custom --policy, pixels, a GPU, MultiDiscrete
+or MultiBinary actions, a clipped value loss) trains through autograd.
 """
 
 from __future__ import annotations
@@ -126,8 +126,8 @@ class MLPMinibatchSteps:
                    ) -> MLPMinibatchSteps | None:
         """The steps for this policy and optimizer, or None where only autograd can
         train them (see the module's docstring); `group`: see ppo_update_async."""
-        if cfg.gradients != "auto" or not isinstance(policy, Policy):
-            return None
+        if cfg.gradients != "auto" or not isinstance(policy, Policy) or cfg.value_clip > 0:
+            return None  # (--value-clip: its loss is autograd's alone)
         if not isinstance(optimizer, PolicyAdam) or optimizer.flat is None:
             return None
         buffer = optimizer.flat.buffer

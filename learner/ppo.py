@@ -162,7 +162,7 @@ def ppo_update_async(
         optimizer.check()  # its flat buffer still holds the policy's parameters
     if policy.state_size:
         stats = _sequence_minibatches(policy, optimizer, cfg, batch, net_obs, anchor_logp,
-                                      lag_weights, advantages, vs, once, group)
+                                      lag_weights, advantages, vs, values[:-1], once, group)
         stats["losses/explained_variance"] = _explained_variance(
             values[:-1].reshape(-1)[keep], vs.reshape(-1)[keep])
         stats["charts/samples_trained"] = float(size)
@@ -184,8 +184,8 @@ def ppo_update_async(
                             b_weights)
     else:
         stats = _autograd_minibatches(policy, optimizer, cfg, b_obs, b_actions, b_logprobs,
-                                      b_weights, b_advantages, b_returns, mb_size, once,
-                                      group)
+                                      b_weights, b_advantages, b_returns, b_values, mb_size,
+                                      once, group)
     stats["losses/explained_variance"] = _explained_variance(b_values, b_returns)
     stats["charts/samples_trained"] = float(size)
     return stats | lag_stats
@@ -214,10 +214,12 @@ class _Minibatches:
 
     def step(self, dist: ActionDistribution, new_value: torch.Tensor, actions: torch.Tensor,
              logprobs: torch.Tensor, weights: torch.Tensor | None, advantages: torch.Tensor,
-             returns: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+             returns: torch.Tensor, old_values: torch.Tensor,
+             mask: torch.Tensor | None = None) -> None:
         """One minibatch step; `mask` picks the rows of `dist`, `new_value` and
-        `actions` to train on (the others' `logprobs`, `weights`, `advantages` and
-        `returns` are left out already)."""
+        `actions` to train on (the others' `logprobs`, `weights`, `advantages`,
+        `returns` and `old_values`, the values as the update started, are left out
+        already)."""
         cfg = self.cfg
         new_logp = dist.log_prob(actions)
         if mask is not None:
@@ -236,7 +238,7 @@ class _Minibatches:
             -advantages * ratio,
             -advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
         ).mean()
-        v_loss = 0.5 * (new_value - returns).square().mean()
+        v_loss = 0.5 * value_error(new_value, returns, old_values, cfg.value_clip).mean()
         loss = pg_loss + cfg.vf_coef * v_loss
         if cfg.ent_coef:  # (a zero coefficient: the entropy is only reported, below)
             loss = loss - cfg.ent_coef * _entropy(dist, mask).mean()
@@ -281,6 +283,17 @@ class _Minibatches:
         return stats
 
 
+def value_error(new_value: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
+                clip: float) -> torch.Tensor:
+    """Each step's squared value error; with `clip` > 0 (--value-clip), the larger of it
+    and the error of the old value moved at most `clip` towards the new one."""
+    error = (new_value - returns).square()
+    if clip <= 0:
+        return error
+    moved = old_values + torch.clamp(new_value - old_values, -clip, clip)
+    return torch.max(error, (moved - returns).square())
+
+
 def _entropy(dist: ActionDistribution, mask: torch.Tensor | None) -> torch.Tensor:
     entropy = dist.entropy()
     return entropy if mask is None else entropy[mask]
@@ -290,7 +303,7 @@ def _autograd_minibatches(
     policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings,
     b_obs: Obs, b_actions: torch.Tensor, b_logprobs: torch.Tensor,
     b_weights: torch.Tensor | None, b_advantages: torch.Tensor, b_returns: torch.Tensor,
-    mb_size: int, preprocessed: bool,
+    b_values: torch.Tensor, mb_size: int, preprocessed: bool,
     group: LearnerGroup | None = None,
 ) -> dict[str, torch.Tensor | float]:
     """cfg.epochs passes of minibatch steps through autograd over the flat valid steps."""
@@ -310,15 +323,15 @@ def _autograd_minibatches(
                                      preprocessed=preprocessed)
             steps.step(dist, new_value, b_actions[mb_inds], b_logprobs[mb_inds],
                        None if b_weights is None else b_weights[mb_inds],
-                       b_advantages[mb_inds], b_returns[mb_inds])
+                       b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds])
     return steps.stats()
 
 
 def _sequence_minibatches(
     policy: Policy, optimizer: torch.optim.Optimizer, cfg: TrainSettings, batch: Batch,
     net_obs: Obs, anchor_logp: torch.Tensor, weights: torch.Tensor | None,
-    advantages: torch.Tensor, returns: torch.Tensor, preprocessed: bool,
-    group: LearnerGroup | None = None,
+    advantages: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
+    preprocessed: bool, group: LearnerGroup | None = None,
 ) -> dict[str, torch.Tensor | float]:
     """A recurrent policy's cfg.epochs passes: minibatches of whole env columns, each
     replayed as a T-step sequence from its fragment's state (truncated BPTT, the state
@@ -357,5 +370,6 @@ def _sequence_minibatches(
                        anchor_logp[:, cols].reshape(-1)[valid],
                        None if weights is None else weights[:, cols].reshape(-1)[valid],
                        advantages[:, cols].reshape(-1)[valid],
-                       returns[:, cols].reshape(-1)[valid], mask=valid)
+                       returns[:, cols].reshape(-1)[valid],
+                       old_values[:, cols].reshape(-1)[valid], mask=valid)
     return steps.stats()

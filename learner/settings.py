@@ -83,6 +83,10 @@ class TrainSettings:
     """Entropy bonus coefficient."""
     vf_coef: float = 0.5
     """Value loss coefficient."""
+    value_clip: float = 0.0
+    """Clip the value loss as PPO's original code, CleanRL (clip_vloss, at the clip
+    coefficient) and SB3 (clip_range_vf) can: the larger of the squared errors of the
+    new value and of the value as the update starts moved at most this far; 0: off."""
     max_grad_norm: float = 0.5
     """Gradient norm clip."""
     advantages: Literal["vtrace", "gae"] = "gae"
@@ -129,6 +133,7 @@ class TrainSettings:
             require(value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
         require(self.max_policy_lag >= 0, "--max-policy-lag must be >= 0")
         require(self.clip_coef > 0, "--clip-coef must be > 0")
+        require(self.value_clip >= 0, "--value-clip must be >= 0 (0: off)")
         require(self.advantages in ("vtrace", "gae"), "--advantages must be vtrace or gae")
         require(self.clip_against in ("behaviour", "learner"),
                 "--clip-against must be behaviour or learner")

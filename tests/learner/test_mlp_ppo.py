@@ -135,6 +135,8 @@ def test_what_the_numpy_steps_cannot_train_goes_through_autograd() -> None:
     assert applies(make_policy("continuous", 0))
     assert not applies(make_policy("discrete", 0), cfg=dataclasses.replace(
         CFG, gradients="autograd"))
+    assert not applies(make_policy("discrete", 0), cfg=dataclasses.replace(
+        CFG, value_clip=0.1))  # a clipped value loss: autograd's alone
     plain = make_policy("discrete", 0)
     assert not applies(plain, torch.optim.Adam(plain.parameters(), lr=1e-3))
     assert not applies(make_policy("discrete", 0).double())  # float64 weights

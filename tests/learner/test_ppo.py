@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from hetrl.learner.ppo import Batch, ppo_update
+from hetrl.learner.ppo import Batch, ppo_update, value_error
 from hetrl.learner.settings import TrainSettings
 from hetrl.rollout.policy import Policy
 from hetrl.rollout.settings import PolicySettings
@@ -197,3 +197,39 @@ def test_at_lag_0_both_clip_anchors_train_alike(kind: str, advantages: str) -> N
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
     assert any(not torch.equal(a, b) for a, b in zip(trained[0].parameters(),
                                                      policy.parameters(), strict=True))
+
+
+def test_the_clipped_value_error_matches_a_per_sample_loop() -> None:
+    rng = np.random.default_rng(0)
+    new, old, returns = (rng.normal(0, 1, 200) for _ in range(3))
+    clip = 0.2
+    expected = []
+    for v, o, r in zip(new, old, returns, strict=True):
+        moved = o + min(max(v - o, -clip), clip)
+        expected.append(max((v - r) ** 2, (moved - r) ** 2))
+    got = value_error(*(torch.from_numpy(x) for x in (new, returns, old)), clip).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    assert (got > (new - returns) ** 2).any()  # the clip binds somewhere in this batch
+    np.testing.assert_array_equal(
+        value_error(*(torch.from_numpy(x) for x in (new, returns, old)), 0.0).numpy(),
+        (new - returns) ** 2)
+
+
+def test_a_clipped_value_loss_moves_the_value_less() -> None:
+    # Two epochs: the second starts from values the first moved, so the clip can bind.
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    moved = {}
+    for clip in (0.0, 0.01):
+        torch.manual_seed(0)
+        policy = Policy(obs_space, SPACES["discrete"], PolicySettings(normalize_observations=False))
+        batch = random_batch(policy, 0)
+        batch.rewards = batch.rewards * 10  # returns far from the initial values
+        with torch.no_grad():
+            before = policy(batch.observations.reshape(-1, 4))[1]
+        cfg = dataclasses.replace(CFG, epochs=8, value_clip=clip)
+        stats = ppo_update(policy, torch.optim.Adam(policy.parameters(), lr=0.01), batch, cfg)
+        with torch.no_grad():
+            after = policy(batch.observations.reshape(-1, 4))[1]
+        moved[clip] = (after - before).abs().mean().item()
+        assert all(math.isfinite(v) for v in stats.values())
+    assert moved[0.01] < 0.5 * moved[0.0], moved
