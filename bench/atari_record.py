@@ -81,7 +81,7 @@ class Settings:
 RUN_SETTINGS = ("workers", "envs_per_worker", "fragment_length", "credits_per_worker",
                 "fragments_per_batch", "target_policy_lag", "synchronous", "clip_coef",
                 "clip_against", "epochs", "minibatches", "learning_rate", "anneal_lr",
-                "atari_sticky_actions", "learner_torch_threads", "preset")
+                "value_clip", "atari_sticky_actions", "learner_torch_threads", "preset")
 
 
 def run_dir(s: Settings) -> Path:

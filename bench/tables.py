@@ -164,7 +164,8 @@ def table_atari_ab() -> str:
         r = record["results"]
         health, given = r["update_health"], r["run_settings"]
         what = (f"{given['workers']} x {given['envs_per_worker']} x {given['fragment_length']}"
-                f", {given['credits_per_worker']}")
+                f", {given['credits_per_worker']}"
+                + (", synchronous" if given.get("synchronous") else ""))
         commits = ", ".join(dict.fromkeys(x["commit"] for x in r["sittings"]))
         sticky = given.get("atari_sticky_actions")
         lines.append(f"| {what} | {given.get('clip_against') or 'behaviour'} "
