@@ -69,13 +69,22 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     sys.stdout.flush()
 
 
-def git_commit() -> str:
-    """The checkout's short commit, '' outside git."""
+CODE_PATHS = ("rollout", "learner", "launch", "protos", "bench", ":!bench/results")
+"""What a figure's code is: changed and not committed, the commit alone does not say it."""
+
+
+def git_commit(root: Path = ROOT) -> str:
+    """The checkout's short commit, with "+changes" when the code (CODE_PATHS) differs
+    from it; '' outside git."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=5).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                                capture_output=True, text=True, timeout=5).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no",
+                                  "--", *CODE_PATHS], cwd=root, capture_output=True,
+                                 text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+    return f"{commit}+changes" if commit and changed else commit
 
 
 LOADAVG_AT_START = os.getloadavg()

@@ -169,3 +169,25 @@ def test_a_bar_counts_as_reached_only_over_a_full_window_of_episodes(tmp_path: P
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert first_reaching(tmp_path, 0.8) == 16896
     assert first_reaching(tmp_path, 0.9) is None
+
+
+def test_a_records_commit_says_when_the_code_was_not_committed(tmp_path: Path) -> None:
+    from bench.common import git_commit
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "learner").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "learner" / "ppo.py").write_text("a = 1\n")
+    (tmp_path / "docs" / "page.md").write_text("text\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    commit = git_commit(tmp_path)
+    assert commit and "+" not in commit
+    (tmp_path / "docs" / "page.md").write_text("more text\n")  # not code
+    assert git_commit(tmp_path) == commit
+    (tmp_path / "learner" / "ppo.py").write_text("a = 2\n")
+    assert git_commit(tmp_path) == f"{commit}+changes"
