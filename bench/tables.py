@@ -182,6 +182,32 @@ def table_atari_ab() -> str:
     return "\n".join(lines) + "\n" + _footer(*sources)
 
 
+def table_atari_preprocess() -> str:
+    """hetrl's Atari image against CleanRL's on the same frames (bench.atari_preprocess)."""
+    record = _record("summary_atari_preprocess")
+    r = record["results"]
+
+    def shown(stat: dict[str, Any], spec: str) -> str:
+        return f"{stat['mean']:{spec}} ({stat['min']:{spec}} to {stat['max']:{spec}})"
+
+    lines = ["| images compared, 84x84 | mean difference, levels of 255 | largest difference "
+             "| correlation |", "|---|---|---|---|"]
+    for name in ("hetrl vs CleanRL", "hetrl vs its order in OpenCV (gray, pool, resize)",
+                 "CleanRL: gray before vs after the resize",
+                 "control: hetrl vs CleanRL a step earlier"):
+        row = r[name]
+        lines.append(f"| {name} | {shown(row['mean_abs_diff'], '.3f')} "
+                     f"| {shown(row['max_abs_diff'], '.0f')} "
+                     f"| {shown(row['correlation'], '.4f')} |")
+    ball = (f"\n{record['settings']['env']}, {r['steps']:,} agent steps of random play, mean "
+            f"over the steps (smallest to largest). The ball, on the {r['ball_steps']:,} steps "
+            f"it is in play, stands {r['ball_contrast_hetrl']['mean']:.1f} levels above the "
+            f"field in hetrl's image and {r['ball_contrast_CleanRL']['mean']:.1f} in "
+            f"CleanRL's, shown (10 levels or more) in {r['ball_shown_hetrl']:.1%} and "
+            f"{r['ball_shown_CleanRL']:.1%} of them.\n")
+    return "\n".join(lines) + "\n" + ball + _footer(_source("summary_atari_preprocess", record))
+
+
 def _reached(r: dict[str, Any], milestone: str) -> str:
     """The step at which an Atari record's mean score first reached `milestone`."""
     reached = r["first_reached"].get(milestone)
@@ -631,6 +657,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "learning": table_learning,
     "atari": table_atari,
     "atari-ab": table_atari_ab,
+    "atari-preprocess": table_atari_preprocess,
     "versus-cleanrl": table_versus_cleanrl,
     "make-bench": table_make_bench,
     "overhead-detail": table_overhead_detail,

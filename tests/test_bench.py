@@ -191,3 +191,17 @@ def test_a_records_commit_says_when_the_code_was_not_committed(tmp_path: Path) -
     assert git_commit(tmp_path) == commit
     (tmp_path / "learner" / "ppo.py").write_text("a = 2\n")
     assert git_commit(tmp_path) == f"{commit}+changes"
+
+
+def test_the_atari_preprocessing_benchmark_rebuilds_hetrls_image() -> None:
+    # docs/atari.md's claim that hetrl's Atari image is each frame's grayscale, pooled,
+    # then resized rests on this rebuild matching the pipeline bit for bit.
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.atari_preprocess", "--quick"], cwd=ROOT,
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    record = json.loads((ROOT / "bench/results/summary_atari_preprocess-quick.json")
+                        .read_text())["results"]
+    assert record["hetrl vs its order in OpenCV (gray, pool, resize)"]["max_abs_diff"][
+        "max"] == 0
+    assert record["control: hetrl vs CleanRL a step earlier"]["max_abs_diff"]["max"] > 10
