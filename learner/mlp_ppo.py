@@ -10,14 +10,15 @@ numpy, with the backward pass written out, made a 2,048-sample HalfCheetah-v5 up
 
 It is the loss of `ppo.ppo_update` exactly, not an approximation: the clipped objective
 (with torch's gradient conventions at its kinks: a tie in the max splits the gradient,
-a ratio on the clip boundary still passes it), the value loss, the entropy bonus, the
+a ratio on the clip boundary still passes it), the value loss (clipped under
+--value-clip, with the same conventions), the entropy bonus, the
 gradient-norm clip; the optimizer is still the run's `PolicyAdam`, stepping the same flat
 buffer, and minibatches come from the same `torch.randperm` stream, so a seeded run
 draws the same minibatches either way. Tests hold its gradients, statistics and trained
 weights equal to autograd's. `for_policy` says whether it applies (the built-in MLP
 actor-critic, float32, on CPU, `PolicyAdam` flat, `--gradients auto`, Discrete or Box
-actions, no --value-clip); anything else (a custom --policy, pixels, a GPU, MultiDiscrete
-or MultiBinary actions, a clipped value loss) trains through autograd.
+actions); anything else (a custom --policy, pixels, a GPU, MultiDiscrete or MultiBinary
+actions) trains through autograd.
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ class MLPMinibatchSteps:
                    ) -> MLPMinibatchSteps | None:
         """The steps for this policy and optimizer, or None where only autograd can
         train them (see the module's docstring); `group`: see ppo_update_async."""
-        if cfg.gradients != "auto" or not isinstance(policy, Policy) or cfg.value_clip > 0:
-            return None  # (--value-clip: its loss is autograd's alone)
+        if cfg.gradients != "auto" or not isinstance(policy, Policy):
+            return None
         if not isinstance(optimizer, PolicyAdam) or optimizer.flat is None:
             return None
         buffer = optimizer.flat.buffer
@@ -150,16 +151,19 @@ class MLPMinibatchSteps:
         return cls(policy, optimizer, cfg, actor[0], critic[0], actor[1] is nn.ReLU, group)
 
     def train(self, obs: torch.Tensor, actions: torch.Tensor, logprobs: torch.Tensor,
-              advantages: torch.Tensor, returns: torch.Tensor, mb_size: int,
-              weights: torch.Tensor | None = None) -> dict[str, torch.Tensor | float]:
+              advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
+              mb_size: int, weights: torch.Tensor | None = None
+              ) -> dict[str, torch.Tensor | float]:
         """Train cfg.epochs passes over these valid steps (`obs` already preprocessed)
         in minibatches of `mb_size`, the policy loss of each step weighted by `weights`
-        when given (ppo.clip_anchor); return the statistics `ppo_update_async` reports."""
+        when given (ppo.clip_anchor), the value loss clipped around the sampled `values`
+        under --value-clip; return the statistics `ppo_update_async` reports."""
         cfg = self.cfg
         size = obs.shape[0]
         b_obs = obs.reshape(size, -1).numpy()
         b_actions = actions.numpy()
         b_logprobs, b_adv, b_returns = logprobs.numpy(), advantages.numpy(), returns.numpy()
+        b_values = values.numpy()
         b_weights = None if weights is None else weights.numpy()
         clipfrac_sum, minibatches = 0.0, 0
         last: dict[str, float] = {}
@@ -176,7 +180,7 @@ class MLPMinibatchSteps:
                     else:
                         mb = order[start:end]
                         last = self._gradients(b_obs[mb], b_actions[mb], b_logprobs[mb],
-                                               b_adv[mb], b_returns[mb],
+                                               b_adv[mb], b_returns[mb], b_values[mb],
                                                None if b_weights is None else b_weights[mb])
                         clipfrac_sum += last.pop("clipfrac")
                         minibatches += 1
@@ -202,8 +206,8 @@ class MLPMinibatchSteps:
         return norm, actor
 
     def _gradients(self, obs: np.ndarray, actions: np.ndarray, old_logp: np.ndarray,
-                   adv: np.ndarray, returns: np.ndarray, weights: np.ndarray | None
-                   ) -> dict[str, float]:
+                   adv: np.ndarray, returns: np.ndarray, old_values: np.ndarray,
+                   weights: np.ndarray | None) -> dict[str, float]:
         """Write the minibatch loss's gradient into the flat gradient buffer; return
         the loss statistics (before the step)."""
         cfg, n = self.cfg, obs.shape[0]
@@ -239,7 +243,8 @@ class MLPMinibatchSteps:
         # outside the range.
         share = unclipped >= clipped
         d_logp = (share * (-adv / n) * ratio).astype(np.float32)  # d pg_loss / d logp
-        d_value = ((cfg.vf_coef / n) * (value - returns)).astype(np.float32)[:, None]
+        d_error, value_loss = _value_loss_gradient(value, returns, old_values, cfg.value_clip)
+        d_value = ((cfg.vf_coef / n) * d_error).astype(np.float32)[:, None]
 
         if self.log_std is None:
             onehot = np.zeros_like(probs)
@@ -260,11 +265,31 @@ class MLPMinibatchSteps:
 
         return {
             "policy_loss": float(np.maximum(unclipped, clipped).mean()),
-            "value_loss": float(0.5 * np.square(value - returns).mean()),
+            "value_loss": value_loss,
             "entropy": mean_entropy,
             "approx_kl": float(((ratio - 1) - logratio).mean()),
             "clipfrac": float((np.abs(ratio - 1) > cfg.clip_coef).mean()),
         }
+
+
+def _value_loss_gradient(value: np.ndarray, returns: np.ndarray, old_values: np.ndarray,
+                         clip: float) -> tuple[np.ndarray, float]:
+    """d (0.5 x ppo.value_error) / d value for each step, and the loss's mean. Under
+    `clip` the error is the larger of the value's and that of the old value moved at
+    most `clip` towards it; the moved value follows the new one only inside the clip
+    (clamp's gradient), and a tie splits the gradient between the two as torch's max
+    does (inside the clip the two are the same value, so the halves add up)."""
+    own = value - returns
+    if clip <= 0:
+        return own, float(0.5 * np.square(own).mean())
+    step = value - old_values
+    moved = old_values + np.clip(step, -clip, clip) - returns
+    inside = np.abs(step) <= clip
+    own2, moved2 = np.square(own), np.square(moved)
+    via_moved = moved * inside
+    grad = np.where(own2 > moved2, own, np.where(moved2 > own2, via_moved,
+                                                 0.5 * (own + via_moved)))
+    return grad, float(0.5 * np.maximum(own2, moved2).mean())
 
 
 def minibatch_bounds(size: int, mb_size: int, exact: int | None = None

@@ -180,8 +180,8 @@ def ppo_update_async(
 
     steps = MLPMinibatchSteps.for_policy(policy, optimizer, cfg, group)
     if steps is not None:  # the built-in MLP on CPU: the same maths without autograd
-        stats = steps.train(b_obs, b_actions, b_logprobs, b_advantages, b_returns, mb_size,
-                            b_weights)
+        stats = steps.train(b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values,
+                            mb_size, b_weights)
     else:
         stats = _autograd_minibatches(policy, optimizer, cfg, b_obs, b_actions, b_logprobs,
                                       b_weights, b_advantages, b_returns, b_values, mb_size,
