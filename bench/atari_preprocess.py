@@ -18,9 +18,11 @@ grayscale before the resize (the order alone); and, as a control that shows what
 difference reads, CleanRL's image of the step before. Per agent step: the mean and the
 largest absolute pixel difference and the correlation of two images; on the steps where
 the ball is on the field (its colour, rows 34-193), its contrast: the brightest pixel
-within one of the ball's place in the 84x84 image, less the field's median. Run:
-`python -m bench.atari_preprocess [--quick]`; record
-bench/results/summary_atari_preprocess.json (docs/atari.md's table).
+within one of the ball's place in the 84x84 image, less the field's median (Pong only;
+another game gets the image figures). Run:
+`python -m bench.atari_preprocess [--quick] [--env ALE/Game-v5]`; record
+bench/results/summary_atari_preprocess.json (docs/atari.md's table; another game:
+summary_atari_preprocess-ALE-Game-v5.json).
 """
 
 from __future__ import annotations
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
         "CleanRL: gray before vs after the resize": [],
         "control: hetrl vs CleanRL a step earlier": []}
     earlier = None
+    pong = "Pong" in s.env  # the ball's colour and the field's rows are Pong's
     contrast: dict[str, list[float]] = {"hetrl": [], "CleanRL": []}
     obs, _ = env.reset(seed=s.seed)
     env.action_space.seed(s.seed)
@@ -183,7 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
                 pairs["control: hetrl vs CleanRL a step earlier"].append(
                     _compare(ours, earlier))
             earlier = theirs
-            ball = ball_place(np.maximum(*frames) if len(frames) == 2 else frames[-1])
+            ball = (ball_place(np.maximum(*frames) if len(frames) == 2 else frames[-1])
+                    if pong else None)
             if ball is not None:
                 screen = frames[-1].shape[:2]
                 contrast["hetrl"].append(ball_contrast(ours, ball, screen))
@@ -206,6 +210,15 @@ def main(argv: list[str] | None = None) -> dict:
         [[name, _shown(results[name]["mean_abs_diff"], ".3f"),
           _shown(results[name]["max_abs_diff"], ".0f"),
           _shown(results[name]["correlation"], ".4f")] for name in pairs])
+    if pong:
+        _print_ball(results)
+    game = "" if s.env == Settings.env else "-" + s.env.replace("/", "-")  # Pong's is kept
+    common.write_json(f"summary_atari_preprocess{game}", s, results)
+    return results
+
+
+def _print_ball(results: dict) -> None:
+    contrast = ("hetrl", "CleanRL")
     common.print_table(
         f"The ball against the field, on the {results['ball_steps']} steps it is in play "
         "(pixel levels; shown: >= 10 levels above the field)",
@@ -214,8 +227,6 @@ def main(argv: list[str] | None = None) -> dict:
           else _shown(results[f"ball_contrast_{name}"], ".1f"),
           "-" if results[f"ball_shown_{name}"] is None
           else f"{100 * results[f'ball_shown_{name}']:.1f}%"] for name in contrast])
-    common.write_json("summary_atari_preprocess", s, results)
-    return results
 
 
 def _wrappers(env: gym.Env):
