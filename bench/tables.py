@@ -143,11 +143,11 @@ def _score_at(r: dict[str, Any], step: int) -> str:
 ATARI_AB = ("summary_atari-ab-lag2", "summary_atari-ab-lag1", "summary_atari",
             "summary_atari-ab-sticky0", "summary_atari-ALE-Pong-v5-seed2",
             "summary_atari-ab-seed2-sticky0", "summary_atari-ab-seed2-sync",
-            "summary_atari-ab-seed2-sync-vclip")
+            "summary_atari-ab-seed2-sync-vclip", "summary_atari-ab-seed2-cleanrl-v4")
 """The Pong runs that chose the atari preset (the one before, then each change), then the
 shipped preset on v4's rules; then the shipped preset against v4's rules again, seed 2,
 and against PPO's synchronous loop (lag 0) without and with the value-loss clip (CleanRL's
-algorithm), seed 2."""
+algorithm), seed 2, and CleanRL's algorithm on v4's rules (CleanRL's run), seed 2."""
 
 V5_STICKY_ACTIONS = 0.25
 """ALE v5's default, which runs recorded before run_settings kept the field played."""
