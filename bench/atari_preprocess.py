@@ -80,10 +80,14 @@ class ColourFrames(gym.Wrapper):
         return out
 
 
-def cleanrl_image(last_two: list[np.ndarray], size: int, gray_first: bool = False) -> np.ndarray:
-    """CleanRL's image of an agent step from its last two colour frames: max-pooled,
-    area-resized, then OpenCV's grayscale (or grayscale before the resize)."""
-    pooled = np.maximum(*last_two) if len(last_two) == 2 else last_two[-1]
+def max_pool(last_two: list[np.ndarray]) -> np.ndarray:
+    """The pixelwise max of an agent step's last two frames (its only one after a reset)."""
+    return np.maximum(*last_two) if len(last_two) == 2 else last_two[-1]
+
+
+def cleanrl_image(pooled: np.ndarray, size: int, gray_first: bool = False) -> np.ndarray:
+    """CleanRL's image of an agent step from its max-pooled colour frame: area-resized,
+    then OpenCV's grayscale (or grayscale before the resize)."""
     if gray_first:
         gray = cv2.cvtColor(pooled, cv2.COLOR_RGB2GRAY)
         return cv2.resize(gray, (size, size), interpolation=cv2.INTER_AREA)
@@ -94,8 +98,7 @@ def cleanrl_image(last_two: list[np.ndarray], size: int, gray_first: bool = Fals
 def gray_pooled_image(last_two: list[np.ndarray], size: int) -> np.ndarray:
     """hetrl's order, rebuilt in OpenCV from the colour frames: each frame to grayscale,
     the two max-pooled, then the area resize."""
-    grays = [cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY) for frame in last_two]
-    pooled = np.maximum(*grays) if len(grays) == 2 else grays[-1]
+    pooled = max_pool([cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY) for frame in last_two])
     return cv2.resize(pooled, (size, size), interpolation=cv2.INTER_AREA)
 
 
@@ -175,21 +178,21 @@ def main(argv: list[str] | None = None) -> dict:
                 earlier = None
                 continue
             frames = recorder.frames[-2:]
+            pooled = max_pool(frames)
             ours = np.asarray(obs)[-1]
-            theirs = cleanrl_image(frames, size)
+            theirs = cleanrl_image(pooled, size)
             pairs["hetrl vs CleanRL"].append(_compare(ours, theirs))
             pairs["hetrl vs its order in OpenCV (gray, pool, resize)"].append(
                 _compare(ours, gray_pooled_image(frames, size)))
             pairs["CleanRL: gray before vs after the resize"].append(
-                _compare(cleanrl_image(frames, size, gray_first=True), theirs))
+                _compare(cleanrl_image(pooled, size, gray_first=True), theirs))
             if earlier is not None:  # what a real difference (one step of motion) reads
                 pairs["control: hetrl vs CleanRL a step earlier"].append(
                     _compare(ours, earlier))
             earlier = theirs
-            ball = (ball_place(np.maximum(*frames) if len(frames) == 2 else frames[-1])
-                    if pong else None)
+            ball = ball_place(pooled) if pong else None
             if ball is not None:
-                screen = frames[-1].shape[:2]
+                screen = pooled.shape[:2]
                 contrast["hetrl"].append(ball_contrast(ours, ball, screen))
                 contrast["CleanRL"].append(ball_contrast(theirs, ball, screen))
     finally:
