@@ -1,6 +1,6 @@
 """Atari learning record: `hetrl local --env ALE/Pong-v5 --total-steps 2500000` with no
 other flag (the atari preset: the standard Atari pipeline and the Nature CNN), seed 1,
-against CleanRL's ppo_atari on Pong.
+beside a published PPO curve at the same steps (bench.atari_reference).
 
 The job runs as the user would start it, in a child process, into
 bench/results/runs/atari-<env>-seed<N>. On 2 cores it takes hours, more than one sitting:
@@ -16,10 +16,11 @@ over env steps and wall time, the first step at which it reached 0, 15 and 20, t
 target (a mean score >= 15 at the end), the settings that shape the batch and the lag,
 and the update's health along the run (mean policy lag, clip fraction, approx KL).
 
-Reference: CleanRL's ppo_atari.py on PongNoFrameskip-v4, 10M frames (2.5M agent steps),
-3 seeds: 20.36 ± 0.20 (vwxyzjn/cleanrl docs/rl-algorithms/ppo.md). It plays the v4 env
-(no sticky actions) on 8 synchronous envs; ALE/Pong-v5 repeats the previous action with
-probability 0.25, which makes it harder.
+Reference: 2.5M agent steps are 10M frames. CleanRL's and the SB3 zoo's published
+Pong figures come after 10M agent steps (40M frames); the curve drawn beside hetrl's is
+the zoo's PPO at the same steps (bench/results/summary_atari_reference.json, one seed of
+PongNoFrameskip-v4: v4's rules, no sticky actions; ALE/Pong-v5 repeats the previous
+action with probability 0.25, which makes it harder).
 Run: `python -m bench.atari_record [--seed N] [--record-only] [--quick]`; record
 bench/results/summary_atari.json (another game or seed: summary_atari-<env>-seed<N>.json,
 an A/B: summary_atari-<tag>.json), curve bench/results/atari-<env>[-seed<N>|-<tag>].png.
@@ -46,8 +47,8 @@ from bench import common
 from hetrl.launch import report
 from hetrl.rollout.errors import ConfigError
 
-CLEANRL_PONG = (20.36, 0.20)
-"""CleanRL ppo_atari.py, PongNoFrameskip-v4, 10M frames: mean ± std over 3 seeds."""
+REFERENCE = common.RESULTS / "summary_atari_reference.json"
+"""A published PPO curve on Pong at the record's steps (bench.atari_reference)."""
 MILESTONES = (0.0, 15.0, 20.0)
 CURVE_POINTS = 200
 SCORE_EVERY = 500_000
@@ -62,7 +63,7 @@ class Settings:
     """The Atari game (an ALE id)."""
     seed: int = 1
     total_steps: int = 2_500_000
-    """Agent steps (4 frames each): 2.5M is CleanRL's 10M frames."""
+    """Agent steps (4 frames each): 2.5M are 10M frames."""
     target: float = 15.0
     """Mean score of the last 100 games the run must reach by the end."""
     record_only: bool = False
@@ -233,7 +234,6 @@ def record(s: Settings, out: Path, sittings: list[dict[str, Any]]) -> dict[str, 
             "episodes": summary.get("episodes"),
             "worker_restarts": summary.get("worker_restarts"),
             "outcome": summary.get("outcome"),
-            "cleanrl_ppo_atari_pong_10M_frames": list(CLEANRL_PONG),
             "sittings": sittings,
             "curve": [[p.step, round(p.value, 2), round(p.seconds, 1)] for p in sampled]}
 
@@ -337,9 +337,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def draw(plt) -> None:
         plt.plot([p[0] for p in result["curve"]], [p[1] for p in result["curve"]],
                  label=f"hetrl {s.env} seed {s.seed}")
-        mean, std = CLEANRL_PONG
-        plt.axhspan(mean - std, mean + std, alpha=0.2, color="grey",
-                    label="CleanRL ppo_atari Pong at 10M frames")
+        if REFERENCE.is_file():
+            ref = json.loads(REFERENCE.read_text())["results"]
+            at = sorted((int(k), v) for k, v in ref["score_at"].items()
+                        if int(k) <= s.total_steps)
+            plt.plot([a for a, _ in at], [v for _, v in at], linestyle="--", color="grey",
+                     label=f"SB3 zoo PPO, {', '.join(ref['env_ids'])} (1 seed)")
         plt.axhline(s.target, linestyle=":", color="grey", label=f"target {s.target:g}")
         plt.xlabel("agent steps (4 frames each)")
         plt.ylabel("mean score, last 100 games")

@@ -226,8 +226,9 @@ def table_atari() -> str:
     per seed."""
     lines = ["| env, seed | agent steps (frames) | mean score, last 100 games | best (at step) "
              "| first reached 0 / 15 / 20 at step | training hours (sittings) "
-             "| CleanRL ppo_atari, Pong v4, 10M frames | >= 15 |",
+             "| PPO on Pong v4 at that step (SB3 zoo, 1 seed) | >= 15 |",
              "|---|---|---|---|---|---|---|---|"]
+    reference = _record("summary_atari_reference")
     text, sources = [], []
     for name in _pong_seeds():
         record = _record(name)
@@ -238,14 +239,13 @@ def table_atari() -> str:
         load = max((x.get("foreign_cores") or 0 for x in sittings), default=0)
         best = r["best_mean_score_100"] or {}
         final = r["final_mean_score_100"]
-        ref_mean, ref_std = r["cleanrl_ppo_atari_pong_10M_frames"]
         lines.append(
             f"| {r['env']}, {r['seed']} | {r['global_step']:,} of {r['total_steps']:,} "
             f"({r['frames']:,}) | {'-' if final is None else f'{final:.1f}'} "
             f"| {best.get('score', 0):.1f} ({best.get('step', 0):,}) "
             f"| {' / '.join(_reached(r, m) for m in ('0', '15', '20'))} "
             f"| {hours:.1f} ({len(sittings)}) "
-            f"| {ref_mean:.2f} ± {ref_std:.2f} "
+            f"| {_reference_at(reference, r['total_steps'])} "
             f"| {'yes' if r['target_met'] else 'no'}{'' if r['finished'] else ' (so far)'} |")
         seed_flag = "" if r["seed"] == 1 else f" --seed {r['seed']}"
         state = ("finished" if r["finished"] else
@@ -256,7 +256,51 @@ def table_atari() -> str:
         curve = ", ".join(f"{m // 1000:,}k: {_score_at(r, m)}" for m in marks)
         text.append(f"Seed {r['seed']}, mean score by agent step: {curve}. The run is {state}; "
                     f"other processes kept up to {load:.2f} cores busy during a sitting.")
+    cleanrl = CLEANRL_PONG_10M_STEPS
+    text.append(f"The reference column is the zoo's PPO at the same agent step (the "
+                f"atari-reference table). CleanRL's published {cleanrl[0]:.2f} ± "
+                f"{cleanrl[1]:.2f} (ppo_atari.py, 3 seeds) is at 10M agent steps, 40M "
+                "frames: four times this run's.")
+    sources.append(_source("summary_atari_reference", reference))
     return ("\n".join(lines) + "\n\n" + "\n\n".join(text) + "\n" + _footer(*sources))
+
+
+CLEANRL_PONG_10M_STEPS = (20.36, 0.20)
+"""CleanRL's docs (rl-algorithms/ppo.md): ppo_atari.py on PongNoFrameskip-v4, mean ± std
+of 3 seeds at its default 10M agent steps (`total_timesteps`, 4 frames each)."""
+
+
+def _reference_at(record: dict[str, Any], step: int) -> str:
+    """The reference run's mean score at `step`, or '-' past its end."""
+    score = record["results"]["score_at"].get(str(step))
+    return "-" if score is None else f"{score:.1f}"
+
+
+def _zoo(value: str | None) -> str:
+    """A zoo schedule as words: `lin_2.5e-4` is 2.5e-4 annealed linearly to 0."""
+    text = str(value)
+    return f"{text[4:]} annealed" if text.startswith("lin_") else text
+
+
+def table_atari_reference() -> str:
+    """A published PPO Pong curve at the steps of the A/B table (bench.atari_reference)."""
+    record = _record("summary_atari_reference")
+    r = record["results"]
+    marks = [str(m) for m in range(500_000, 2_500_001, 500_000)]
+    hp = r["hyperparameters"]
+    reached = " / ".join(f"{r['first_reached'][m]:,}" if r["first_reached"][m] else "never"
+                         for m in ("0", "15", "20"))
+    lines = ["| run | " + " | ".join(f"{int(m) // 1000:,}k" for m in marks)
+             + " | at its end (step) | first reached 0 / 15 / 20 at step |",
+             "|---|" + "---|" * len(marks) + "---|---|",
+             f"| SB3 PPO, {', '.join(r['env_ids'])}, {r['envs']} envs x {hp.get('n_steps')} "
+             f"steps, {hp.get('n_epochs')} epochs of {hp.get('batch_size')}, lr "
+             f"{_zoo(hp.get('learning_rate'))}, clip {_zoo(hp.get('clip_range'))} "
+             f"(over {float(hp.get('n_timesteps', 0)):,.0f} steps) | "
+             + " | ".join(_reference_at(record, int(m)) for m in marks)
+             + f" | {r['final_mean_score_100']:.1f} ({r['global_step']:,}) | {reached} |"]
+    return ("\n".join(lines) + f"\n\nFrom {r['source']}: {r['games']:,} games.\n"
+            + _footer(_source("summary_atari_reference", record)))
 
 
 def table_learning() -> str:
@@ -657,6 +701,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "atari": table_atari,
     "atari-ab": table_atari_ab,
     "atari-preprocess": table_atari_preprocess,
+    "atari-reference": table_atari_reference,
     "versus-cleanrl": table_versus_cleanrl,
     "make-bench": table_make_bench,
     "overhead-detail": table_overhead_detail,

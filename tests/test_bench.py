@@ -205,3 +205,39 @@ def test_the_atari_preprocessing_benchmark_rebuilds_hetrls_image() -> None:
     assert record["hetrl vs its order in OpenCV (gray, pool, resize)"]["max_abs_diff"][
         "max"] == 0
     assert record["control: hetrl vs CleanRL a step earlier"]["max_abs_diff"]["max"] > 10
+
+
+def _monitor(path: Path, games: list[tuple[float, int]]) -> None:
+    lines = ['#{"t_start": 0.0, "env_id": "PongNoFrameskip-v4"}', "r,l,t"]
+    lines += [f"{score},{frames},{i}.0" for i, (score, frames) in enumerate(games)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_the_atari_reference_reads_a_zoo_run_as_hetrls_record_reads_its_own(
+        tmp_path: Path) -> None:
+    # docs/atari.md compares hetrl's Pong curve with the zoo's at the same agent steps:
+    # frames per env times the envs over the frame skip, and the mean of the last 100.
+    from bench import atari_reference
+
+    for env in range(2):  # 100 lost games of 400 frames, then 100 won
+        _monitor(tmp_path / f"{env}.monitor.csv", [(-21.0, 400)] * 100 + [(21.0, 400)] * 100)
+    (tmp_path / "PongNoFrameskip-v4").mkdir()
+    (tmp_path / "PongNoFrameskip-v4/config.yml").write_text(
+        "!!python/object/apply:collections.OrderedDict\n- - - batch_size\n    - 256\n"
+        "  - - env_wrapper\n    - - stable_baselines3.common.atari_wrappers.AtariWrapper\n")
+    r = atari_reference.summarize_run(tmp_path, frame_skip=4)
+    assert (r["envs"], r["games"], r["global_step"], r["frames"]) == (2, 400, 40_000, 160_000)
+    assert r["env_ids"] == ["PongNoFrameskip-v4"]
+    # each env's k-th game ends at 2 x 400k / 4 steps: the 100 games before the first win
+    # end at 20,000; a mean of 0 needs 50 wins (25 each: 25,000), 15 needs 86, 20 needs 98
+    assert r["first_reached"] == {"0": 25_000, "15": 28_600, "20": 29_800}
+    points = atari_reference.curve(atari_reference.read_games(tmp_path, 4)[0])
+    assert atari_reference.score_at(points, 20_000) == -21.0
+    assert atari_reference.score_at(points, 9_999) is None  # fewer than 100 games
+    assert r["final_mean_score_100"] == 21.0
+    assert r["hyperparameters"] == {
+        "batch_size": "256",
+        "env_wrapper": "stable_baselines3.common.atari_wrappers.AtariWrapper"}
+    (tmp_path / "0.monitor.csv").write_text("r,l,t\n1,2,3\n")
+    with pytest.raises(ValueError, match="not an SB3 Monitor file"):
+        atari_reference.read_games(tmp_path, 4)
