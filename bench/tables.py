@@ -143,11 +143,13 @@ def _score_at(r: dict[str, Any], step: int) -> str:
 ATARI_AB = ("summary_atari-ab-lag2", "summary_atari-ab-lag1", "summary_atari",
             "summary_atari-ab-sticky0", "summary_atari-ALE-Pong-v5-seed2",
             "summary_atari-ab-seed2-sticky0", "summary_atari-ab-seed2-sync",
-            "summary_atari-ab-seed2-sync-vclip", "summary_atari-ab-seed2-cleanrl-v4")
+            "summary_atari-ab-seed2-sync-vclip", "summary_atari-ab-seed2-cleanrl-v4",
+            "summary_atari-ab-seed1-sync-vclip")
 """The Pong runs that chose the atari preset (the one before, then each change), then the
 shipped preset on v4's rules; then the shipped preset against v4's rules again, seed 2,
 and against PPO's synchronous loop (lag 0) without and with the value-loss clip (CleanRL's
-algorithm), seed 2, and CleanRL's algorithm on v4's rules (CleanRL's run), seed 2."""
+algorithm), seed 2, and CleanRL's algorithm on v4's rules (CleanRL's run), seed 2; then
+CleanRL's algorithm on v5 with seed 1, the record's seed."""
 
 V5_STICKY_ACTIONS = 0.25
 """ALE v5's default, which runs recorded before run_settings kept the field played."""
@@ -286,18 +288,18 @@ def table_atari_reference() -> str:
     """A published PPO Pong curve at the steps of the A/B table (bench.atari_reference)."""
     record = _record("summary_atari_reference")
     r = record["results"]
-    marks = [str(m) for m in range(500_000, 2_500_001, 500_000)]
+    marks = range(500_000, 2_500_001, 500_000)
     hp = r["hyperparameters"]
     reached = " / ".join(f"{r['first_reached'][m]:,}" if r["first_reached"][m] else "never"
                          for m in ("0", "15", "20"))
-    lines = ["| run | " + " | ".join(f"{int(m) // 1000:,}k" for m in marks)
+    lines = ["| run | " + " | ".join(f"{m // 1000:,}k" for m in marks)
              + " | at its end (step) | first reached 0 / 15 / 20 at step |",
              "|---|" + "---|" * len(marks) + "---|---|",
              f"| SB3 PPO, {', '.join(r['env_ids'])}, {r['envs']} envs x {hp.get('n_steps')} "
              f"steps, {hp.get('n_epochs')} epochs of {hp.get('batch_size')}, lr "
              f"{_zoo(hp.get('learning_rate'))}, clip {_zoo(hp.get('clip_range'))} "
              f"(over {float(hp.get('n_timesteps', 0)):,.0f} steps) | "
-             + " | ".join(_reference_at(record, int(m)) for m in marks)
+             + " | ".join(_reference_at(record, m) for m in marks)
              + f" | {r['final_mean_score_100']:.1f} ({r['global_step']:,}) | {reached} |"]
     return ("\n".join(lines) + f"\n\nFrom {r['source']}: {r['games']:,} games.\n"
             + _footer(_source("summary_atari_reference", record)))
