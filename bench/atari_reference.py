@@ -31,11 +31,11 @@ from typing import Any
 import tyro
 
 from bench import common
+from bench.atari_record import MILESTONES, _score_at
+from hetrl.launch import report
 
 WINDOW = 100
 """Games in the mean, as hetrl's mean return (rollout/models.py's RETURN_WINDOW)."""
-MILESTONES = (0.0, 15.0, 20.0)
-SCORE_EVERY = 500_000
 
 
 @dataclasses.dataclass
@@ -85,20 +85,21 @@ def read_games(folder: Path, frame_skip: int) -> tuple[list[Game], dict[str, Any
     return games, {"env_ids": sorted(e for e in env_ids if e), "envs": envs}
 
 
-def curve(games: list[Game]) -> list[tuple[int, float]]:
-    """(step, mean score of the last WINDOW games) after each game from the WINDOW-th."""
+def curve(games: list[Game]) -> list[report.Point]:
+    """The mean score of the last WINDOW games after each game from the WINDOW-th (no
+    wall time: the logs' clock is not the run's steps')."""
     window: collections.deque[float] = collections.deque(maxlen=WINDOW)
     points = []
     for game in games:
         window.append(game.score)
         if len(window) == WINDOW:
-            points.append((game.step, sum(window) / WINDOW))
+            points.append(report.Point(sum(window) / WINDOW, game.step, 0.0))
     return points
 
 
-def score_at(points: list[tuple[int, float]], step: int) -> float | None:
+def score_at(points: list[report.Point], step: int) -> float | None:
     """The mean score as it stood at `step` (its last point at or before it)."""
-    before = [value for at, value in points if at <= step]
+    before = [p.value for p in points if p.step <= step]
     return before[-1] if before else None
 
 
@@ -117,15 +118,11 @@ def summarize_run(folder: Path, frame_skip: int) -> dict[str, Any]:
     games, about = read_games(folder, frame_skip)
     points = curve(games)
     last = games[-1].step
-    first = {}
-    for milestone in MILESTONES:
-        reached = next((at for at, value in points if value >= milestone), None)
-        first[f"{milestone:g}"] = reached
+    reached = {f"{m:g}": report.first_reaching(points, m) for m in MILESTONES}
     return {**about, "games": len(games), "global_step": last, "frames": last * frame_skip,
-            "score_at": {str(m): round(v, 2) for m in range(SCORE_EVERY, last + 1, SCORE_EVERY)
-                         if (v := score_at(points, m)) is not None},
-            "final_mean_score_100": round(points[-1][1], 2) if points else None,
-            "first_reached": first,
+            "score_at": _score_at(points, last),
+            "final_mean_score_100": round(points[-1].value, 2) if points else None,
+            "first_reached": {m: p and p.step for m, p in reached.items()},
             "hyperparameters": hyperparameters(folder)}
 
 
