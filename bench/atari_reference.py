@@ -1,5 +1,6 @@
-"""A published PPO learning curve on an Atari game, measured as bench.atari_record
-measures hetrl's: the mean game score of the last 100 whole games at each agent step.
+"""Published learning curves on an Atari game at the agent steps of bench.atari_record's
+record: a PPO run's mean game score of the last 100 whole games, as the record measures
+hetrl's, and under sticky actions Dopamine's agents, seed by seed.
 
 CleanRL's and SB3's published Atari figures are taken at the end of 10M agent steps
 (their `total_timesteps`, each step 4 emulator frames): 40M frames, four times the
@@ -16,6 +17,15 @@ Run: `python -m bench.atari_reference --monitors DIR --source TEXT` (DIR holds t
 hyperparameters the record keeps); record bench/results/summary_atari_reference.json
 (docs/atari.md's reference table). The logs are not part of this repository: fetch the
 zoo's repository and point --monitors at the run's folder.
+
+No published PPO curve plays v5's sticky actions at these steps. Dopamine publishes its
+agents' curves under them (Machado et al.'s protocol, ALE's v5 default): 5 seeds each of
+DQN, C51, Rainbow, IQN and more, `baselines/atari/data/<game>.json` in google/dopamine.
+Each entry is one iteration of one seed: 250,000 agent steps (1M frames) of training,
+and the mean unclipped score of the whole games played in it (training games: the
+agent explores with epsilon 0.01). `--dopamine FILE --source TEXT` reads one game's file
+and records each agent's seeds at the same 500k-step marks (the iteration that ends at
+the mark), as summary_atari_reference-dopamine.json unless --tag says otherwise.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from typing import Any
 import tyro
 
 from bench import common
-from bench.atari_record import MILESTONES, _score_at
+from bench.atari_record import MILESTONES, SCORE_EVERY, _score_at
 from hetrl.launch import report
 
 WINDOW = 100
@@ -40,16 +50,23 @@ WINDOW = 100
 
 @dataclasses.dataclass
 class Settings:
-    """A published Atari training curve from its SB3 Monitor files."""
+    """A published Atari training curve: an SB3 run's Monitor files, or Dopamine's
+    baselines file for one game."""
 
-    monitors: str
-    """The folder of one run's `N.monitor.csv` files, one per env."""
     source: str
     """Where the files come from (repository, commit and folder), for the record."""
+    monitors: str = ""
+    """The folder of one run's `N.monitor.csv` files, one per env."""
+    dopamine: str = ""
+    """Instead of --monitors: one game's Dopamine baselines file (`<game>.json`)."""
     frame_skip: int = 4
     """Emulator frames per agent step."""
     tag: str = ""
-    """Record as summary_atari_reference-TAG.json."""
+    """Record as summary_atari_reference-TAG.json (--dopamine: TAG defaults to dopamine)."""
+
+
+DOPAMINE_ITERATION = 250_000
+"""Agent steps of one Dopamine iteration (its gin configs' Runner.training_steps)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +143,66 @@ def summarize_run(folder: Path, frame_skip: int) -> dict[str, Any]:
             "hyperparameters": hyperparameters(folder)}
 
 
+def read_dopamine(path: Path) -> dict[str, list[dict[int, float]]]:
+    """Each agent's seeds in a Dopamine baselines file, each seed as {iteration: mean
+    score}. The file lists a seed's iterations in order and the next seed starts again
+    at iteration 0.
+
+    Raises:
+        ValueError: the file is not a list of {Iteration, Value, Agent} entries.
+    """
+    entries = json.loads(path.read_text())
+    agents: dict[str, list[dict[int, float]]] = {}
+    try:
+        for entry in entries:
+            seeds = agents.setdefault(str(entry["Agent"]), [])
+            iteration = int(entry["Iteration"])
+            if not seeds or iteration in seeds[-1]:
+                seeds.append({})
+            seeds[-1][iteration] = float(entry["Value"])
+    except (TypeError, KeyError) as exc:
+        raise ValueError(f"{path}: not a Dopamine baselines file (a list of "
+                         "{Iteration, Value, Agent} entries)") from exc
+    return agents
+
+
+def summarize_dopamine(path: Path, last_step: int) -> dict[str, Any]:
+    """Each agent's seeds at every SCORE_EVERY-step mark up to `last_step`: the mean score
+    of the iteration that ends there."""
+    marks = range(SCORE_EVERY, last_step + 1, SCORE_EVERY)
+    agents = {}
+    for agent, seeds in read_dopamine(path).items():
+        at = {str(m): [round(seed[m // DOPAMINE_ITERATION - 1], 2) for seed in seeds
+                       if m // DOPAMINE_ITERATION - 1 in seed] for m in marks}
+        agents[agent] = {"seeds": len(seeds), "score_at": at,
+                         "iterations": min(len(seed) for seed in seeds)}
+    return {"game": path.stem, "agent_steps_per_iteration": DOPAMINE_ITERATION,
+            "agents": agents}
+
+
+def main_dopamine(s: Settings) -> dict[str, Any]:
+    try:
+        result = {"source": s.source, **summarize_dopamine(Path(s.dopamine), 2_500_000)}
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"bench.atari_reference: {exc}; --dopamine takes one game's "
+                         "baselines/atari/data/<game>.json from google/dopamine") from exc
+    marks = list(next(iter(result["agents"].values()))["score_at"])
+    common.print_table(
+        f"{result['game']} ({s.source}), sticky actions: mean (min to max) of the seeds",
+        ["agent", "seeds"] + [f"{int(m) // 1000:,}k steps" for m in marks],
+        [[agent, a["seeds"]] + [common.mean_span(a["score_at"][m]) for m in marks]
+         for agent, a in result["agents"].items()])
+    common.write_json(f"summary_atari_reference-{s.tag or 'dopamine'}", s, result)
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     s = tyro.cli(Settings, args=argv, description=__doc__)
+    if bool(s.monitors) == bool(s.dopamine):
+        raise SystemExit("bench.atari_reference: give one of --monitors (an SB3 run's "
+                         "folder) or --dopamine (a Dopamine baselines file)")
+    if s.dopamine:
+        return main_dopamine(s)
     try:
         result = {"source": s.source, **summarize_run(Path(s.monitors), s.frame_skip)}
     except (FileNotFoundError, ValueError) as exc:

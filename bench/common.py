@@ -48,6 +48,13 @@ def fmt(stat: dict[str, Any] | None, spec: str = ",.0f") -> str:
     return f"{med:{spec}} [{lo:{spec}}-{hi:{spec}}]"
 
 
+def mean_span(scores: list[float]) -> str:
+    """'mean (lowest to highest)' of seeds' scores, with a sign, as game scores read."""
+    if not scores:
+        return "-"
+    return f"{sum(scores) / len(scores):.1f} ({min(scores):.1f} to {max(scores):.1f})"
+
+
 def verdict(value: float | None, target: float, higher_is_better: bool = True) -> str:
     if value is None:
         return "-"

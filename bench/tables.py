@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, ROOT, fmt
+from bench.common import RESULTS, ROOT, fmt, mean_span
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = re.compile(r"(<!-- table: (?P<name>[\w-]+) \(python -m bench\.tables\) -->\n)"
@@ -303,6 +303,26 @@ def table_atari_reference() -> str:
              + f" | {r['final_mean_score_100']:.1f} ({r['global_step']:,}) | {reached} |"]
     return ("\n".join(lines) + f"\n\nFrom {r['source']}: {r['games']:,} games.\n"
             + _footer(_source("summary_atari_reference", record)))
+
+
+def table_atari_reference_sticky() -> str:
+    """Published curves under v5's sticky actions at the same steps: Dopamine's agents,
+    each a mean over its seeds (bench.atari_reference --dopamine)."""
+    name = "summary_atari_reference-dopamine"
+    record = _record(name)
+    r = record["results"]
+    marks = list(next(iter(r["agents"].values()))["score_at"])
+    lines = ["| agent (Dopamine) | seeds | " + " | ".join(f"{int(m) // 1000:,}k" for m in marks)
+             + f" | seeds >= 15 at {int(marks[-1]) // 1000:,}k |",
+             "|---|---|" + "---|" * len(marks) + "---|"]
+    for agent, a in r["agents"].items():
+        cells = [mean_span(a["score_at"][m]) for m in marks]
+        met = sum(score >= 15 for score in a["score_at"][marks[-1]])
+        lines.append(f"| {agent} | {a['seeds']} | " + " | ".join(cells)
+                     + f" | {met} of {len(a['score_at'][marks[-1]])} |")
+    return ("\n".join(lines) + f"\n\nMean (lowest to highest) of the seeds. From "
+            f"{r['source']}: {r['game']}, {r['agent_steps_per_iteration']:,} agent steps "
+            "per iteration.\n" + _footer(_source(name, record)))
 
 
 def table_learning() -> str:
@@ -704,6 +724,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "atari-ab": table_atari_ab,
     "atari-preprocess": table_atari_preprocess,
     "atari-reference": table_atari_reference,
+    "atari-reference-sticky": table_atari_reference_sticky,
     "versus-cleanrl": table_versus_cleanrl,
     "make-bench": table_make_bench,
     "overhead-detail": table_overhead_detail,

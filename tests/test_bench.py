@@ -241,3 +241,27 @@ def test_the_atari_reference_reads_a_zoo_run_as_hetrls_record_reads_its_own(
     (tmp_path / "0.monitor.csv").write_text("r,l,t\n1,2,3\n")
     with pytest.raises(ValueError, match="not an SB3 Monitor file"):
         atari_reference.read_games(tmp_path, 4)
+
+
+def test_the_sticky_action_reference_reads_each_dopamine_seed_at_the_records_steps(
+        tmp_path: Path) -> None:
+    # docs/atari.md's v5 reference: Dopamine lists each seed's iterations (250k agent
+    # steps each) in order, and the iteration that ends at 500k steps is iteration 1.
+    from bench import atari_reference
+
+    entries = [{"Iteration": i, "Value": 100 * seed + i, "Agent": agent}
+               for agent in ("DQN", "IQN") for seed in (1, 2) for i in range(10)]
+    entries += [{"Iteration": i, "Value": 300.0 + i, "Agent": "DQN"} for i in range(4)]
+    path = tmp_path / "pong.json"
+    path.write_text(json.dumps(entries))
+    r = atari_reference.summarize_dopamine(path, 2_500_000)
+    assert r["game"] == "pong" and list(r["agents"]) == ["DQN", "IQN"]
+    dqn = r["agents"]["DQN"]
+    assert (dqn["seeds"], dqn["iterations"]) == (3, 4)  # the third seed stops at 1M steps
+    assert dqn["score_at"]["500000"] == [101, 201, 301]
+    assert dqn["score_at"]["1000000"] == [103, 203, 303]
+    assert dqn["score_at"]["2500000"] == [109, 209]
+    assert r["agents"]["IQN"]["score_at"]["2500000"] == [109, 209]
+    path.write_text(json.dumps([{"step": 1}]))
+    with pytest.raises(ValueError, match="not a Dopamine baselines file"):
+        atari_reference.read_dopamine(path)
