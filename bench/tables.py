@@ -144,12 +144,13 @@ ATARI_AB = ("summary_atari-ab-lag2", "summary_atari-ab-lag1", "summary_atari",
             "summary_atari-ab-sticky0", "summary_atari-ALE-Pong-v5-seed2",
             "summary_atari-ab-seed2-sticky0", "summary_atari-ab-seed2-sync",
             "summary_atari-ab-seed2-sync-vclip", "summary_atari-ab-seed2-cleanrl-v4",
-            "summary_atari-ab-seed1-sync-vclip")
+            "summary_atari-ab-seed1-sync-vclip", "summary_atari-ab-seed1-constlr")
 """The Pong runs that chose the atari preset (the one before, then each change), then the
 shipped preset on v4's rules; then the shipped preset against v4's rules again, seed 2,
 and against PPO's synchronous loop (lag 0) without and with the value-loss clip (CleanRL's
 algorithm), seed 2, and CleanRL's algorithm on v4's rules (CleanRL's run), seed 2; then
-CleanRL's algorithm on v5 with seed 1, the record's seed."""
+CleanRL's algorithm on v5 with seed 1, the record's seed; then the preset with a constant
+learning rate (--no-anneal-lr), seed 1."""
 
 V5_STICKY_ACTIONS = 0.25
 """ALE v5's default, which runs recorded before run_settings kept the field played."""
@@ -171,7 +172,8 @@ def table_atari_ab() -> str:
         what = (f"{given['workers']} x {given['envs_per_worker']} x {given['fragment_length']}"
                 f", {given['credits_per_worker']}"
                 + (", synchronous" if given.get("synchronous") else "")
-                + (f", value clip {given['value_clip']:g}" if given.get("value_clip") else ""))
+                + (f", value clip {given['value_clip']:g}" if given.get("value_clip") else "")
+                + (", lr constant" if given.get("anneal_lr") is False else ""))
         commits = ", ".join(dict.fromkeys(x["commit"] for x in r["sittings"]))
         sticky = given.get("atari_sticky_actions")
         lines.append(f"| {what} | {given.get('clip_against') or 'behaviour'} "
