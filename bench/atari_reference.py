@@ -163,6 +163,8 @@ def read_dopamine(path: Path) -> dict[str, list[dict[int, float]]]:
     except (TypeError, KeyError) as exc:
         raise ValueError(f"{path}: not a Dopamine baselines file (a list of "
                          "{Iteration, Value, Agent} entries)") from exc
+    if not agents:
+        raise ValueError(f"{path}: no entries")
     return agents
 
 

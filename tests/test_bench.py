@@ -265,3 +265,6 @@ def test_the_sticky_action_reference_reads_each_dopamine_seed_at_the_records_ste
     path.write_text(json.dumps([{"step": 1}]))
     with pytest.raises(ValueError, match="not a Dopamine baselines file"):
         atari_reference.read_dopamine(path)
+    path.write_text("[]")
+    with pytest.raises(ValueError, match="no entries"):
+        atari_reference.read_dopamine(path)
