@@ -49,7 +49,7 @@ def fmt(stat: dict[str, Any] | None, spec: str = ",.0f") -> str:
 
 
 def mean_span(scores: list[float]) -> str:
-    """'mean (lowest to highest)' of seeds' scores, with a sign, as game scores read."""
+    """'mean (lowest to highest)' of seeds' scores; '-' when there are none."""
     if not scores:
         return "-"
     return f"{sum(scores) / len(scores):.1f} ({min(scores):.1f} to {max(scores):.1f})"
