@@ -8,6 +8,8 @@ simulator taking 13 ms a step needs 7-11 s per fragment of 8 envs x 64 steps). A
 thread ("freeze-watch") ticks four times a second; a tick more than FROZEN seconds late
 means the learner process itself did not run (SIGSTOP, a suspended VM, a starved CPU):
 that is said once, naming the learner, and that time is never blamed on the workers.
+Nor is the time the learner spends away from its polls (an update, a save): the gap is
+counted from its first poll after it, so a slow update is not a stall of every worker.
 Warnings go out as things happen; stalled seconds are added up so the verdict can tell
 a stall from a shortage of workers. It watches from the first fragment on: before it,
 connect timeouts apply. It decides nothing about training.
@@ -24,6 +26,10 @@ log = logging.getLogger("hetrl.metrics")
 
 FROZEN = 2.0
 """Seconds a 0.25 s tick may be late before the learner counts as frozen."""
+
+AWAY = 2.0
+"""Seconds between two of the learner's polls (every 0.5 s while it waits) that mean it
+was away meanwhile: an update or a save, not waiting for fragments."""
 
 
 class StallWatch:
@@ -42,6 +48,7 @@ class StallWatch:
         self.frozen_seconds = 0.0
         """Seconds the learner process itself did not run."""
         self._thawed = 0.0  # monotonic end of the last freeze
+        self._present: float | None = None  # the learner's last poll or fragment
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._tick, name="freeze-watch", daemon=True)
 
@@ -60,7 +67,7 @@ class StallWatch:
     def fragment(self, collect_seconds: float = 0.0) -> None:
         """A fragment arrived; it took its worker `collect_seconds` to collect."""
         self._collect.append(collect_seconds)
-        now = time.monotonic()
+        now = self._present = time.monotonic()
         if self._warned and self._last is not None:
             gap = now - self._last
             self._stalled += gap
@@ -71,14 +78,20 @@ class StallWatch:
     def excused(self) -> None:
         """The learner itself holds every credit back (an update or a save runs): no
         worker can send, so this time is nobody's stall."""
+        self._present = time.monotonic()
         if self._last is not None and not self._warned:
-            self._last = time.monotonic()
+            self._last = self._present
 
     def waiting(self, workers: int) -> None:
         """The learner is waiting for fragments (called every fraction of a second)."""
+        now, before = time.monotonic(), self._present
+        self._present = now
         if self._last is None:
             return
-        now = time.monotonic()
+        if before is not None and now - before > AWAY and not self._warned:
+            # The learner was training or saving, with every credit in hand or nobody
+            # listening: a fragment that took long to come then is not the workers' stall.
+            self._last = now
         gap = now - max(self._last, self._thawed)  # a frozen learner is not the workers'
         if gap > self.threshold and not self._warned:
             self._warned = True
