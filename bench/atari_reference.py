@@ -174,8 +174,10 @@ def summarize_dopamine(path: Path, last_step: int) -> dict[str, Any]:
     marks = range(SCORE_EVERY, last_step + 1, SCORE_EVERY)
     agents = {}
     for agent, seeds in read_dopamine(path).items():
-        at = {str(m): [round(seed[m // DOPAMINE_ITERATION - 1], 2) for seed in seeds
-                       if m // DOPAMINE_ITERATION - 1 in seed] for m in marks}
+        at = {}
+        for m in marks:
+            ends_there = m // DOPAMINE_ITERATION - 1
+            at[str(m)] = [round(seed[ends_there], 2) for seed in seeds if ends_there in seed]
         agents[agent] = {"seeds": len(seeds), "score_at": at,
                          "iterations": min(len(seed) for seed in seeds)}
     return {"game": path.stem, "agent_steps_per_iteration": DOPAMINE_ITERATION,
